@@ -71,8 +71,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class BenchConfig:
-    repeats: int = 5  # timed pairs per point (the median of the per-pair ratios is reported)
-    warmup: int = 1  # untimed calls of each contender before the timed pairs (after the output check's call)
+    repeats: int = 11  # timed pairs per point (the median of the per-pair ratios is reported)
+    warmup: int = 2  # untimed calls of each contender before the timed pairs (after the output check's call)
     min_time_s: float = 0.02  # a timing repeats a call until it lasts this long (0: one call per timing)
     seed: int = 0  # seeds the weights and inputs
     # attention (ours vs torch.nn.MultiheadAttention), naive (naive vs sdpa) and gflops sections
