@@ -9,6 +9,8 @@ Submodules
 ``mha.counting``   exact parameter, FLOP and memory counts (a forward pass, one cached decoding step).
 ``mha.convert``    ``mha_to_gqa``: an MHA layer's parameters pooled to GQA/MQA (Ainslie et al. 2023).
 ``mha.model``, ``mha.tasks``, ``mha.train``, ``mha.sweep``, ``mha.bench``: the experiment suite.
+``mha.analysis``   head scores, similarity, importance and pruning for trained models (book part III).
+``mha.viz``        ``attention_explorer``: an interactive attention-map viewer for the static HTML book.
 """
 
 from importlib import import_module
@@ -20,7 +22,7 @@ _LAZY = {
     "KVCache": "mha.kv_cache",
 }
 _SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "model", "tasks", "train", "sweep", "bench",
-               "analysis"}
+               "analysis", "viz"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
