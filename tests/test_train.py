@@ -143,3 +143,16 @@ def test_measure_decode_time():
     assert model.training  # the mode is restored
     with pytest.raises(ValueError, match="block_size"):
         measure_decode_time(model, prompt_len=10, new_tokens=7)
+
+
+def test_device_name_on_cpu_is_the_cpu_model_of_proc_cpuinfo():
+    from pathlib import Path
+
+    from mha.train import cpu_model, device_name
+
+    name = device_name(torch.device("cpu"))
+    assert name == cpu_model() and name.strip() == name and name
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "model name" in cpuinfo.read_text():
+        assert any(line.startswith("model name") and line.split(":", 1)[1].strip() == name
+                   for line in cpuinfo.read_text().splitlines())

@@ -59,7 +59,7 @@ from mha._checks import check_int
 from mha import counting
 from mha.attention import MultiHeadAttention
 from mha.model import TinyTransformer, TransformerConfig
-from mha.train import resolve_device, save_metrics
+from mha.train import cpu_model, device_name, resolve_device, save_metrics
 
 __all__ = ["BenchConfig", "QUICK", "compare", "peak_memory_bytes", "sdpa_backend_used", "sdpa_backends_runnable",
            "TorchTransformer", "expand_kv_heads", "copy_to_torch_mha", "device_info", "run", "main", "SECTIONS"]
@@ -656,17 +656,8 @@ def _slug(text: str) -> str:
 
 def device_info(device: torch.device) -> dict:
     """type, name (GPU name, or the CPU model from /proc/cpuinfo), slug (for the file name), cpu model."""
-    cpu = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cpu = cpu or platform.processor() or platform.machine() or "unknown"
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
-    return dict(type=device.type, name=name, slug=f"{device.type}-{_slug(name)}", cpu=cpu,
+    name = device_name(device)
+    return dict(type=device.type, name=name, slug=f"{device.type}-{_slug(name)}", cpu=cpu_model(),
                 cpu_count=os.cpu_count())
 
 

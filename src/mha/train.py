@@ -30,7 +30,8 @@ from mha.model import TinyTransformer, TransformerConfig
 from mha.tasks import Task, accuracy
 
 __all__ = ["TrainConfig", "TrainResult", "train", "get_lr", "configure_optimizer", "evaluate", "seed_everything",
-           "resolve_device", "save_metrics", "measure_decode_time"]
+           "resolve_device", "device_name", "cpu_model", "save_metrics",
+           "measure_decode_time"]
 
 
 @dataclass
@@ -84,10 +85,22 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def _device_name(device: torch.device) -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows, else "unknown"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """What ran: the GPU's name on CUDA (e.g. "NVIDIA H100 80GB HBM3"), else the CPU's model (:func:`cpu_model`)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{device.type} ({platform.processor() or platform.machine()})"
+    return cpu_model()
 
 
 def _synchronize(device: torch.device) -> None:
@@ -213,7 +226,7 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
         wall_s=time.perf_counter() - start,
         params=model.num_params(), n_kv_heads=model.n_kv_heads, head_dim=model.head_dim,
         kv_cache_bytes=model.kv_cache_bytes(1, model_config.block_size, dtype_bytes=4),
-        device=device.type, device_name=_device_name(device), torch_version=torch.__version__,
+        device=device.type, device_name=device_name(device), torch_version=torch.__version__,
         model_config=asdict(model_config), train_config=asdict(cfg), task=task.config())
     result.model = model
     if metrics_path is not None:
