@@ -133,7 +133,9 @@ class RepeatedSequence(Task):
     x is the 2 seq_len tokens without the last one (block_size = 2 seq_len - 1) and y the next token. Positions
     t >= ``split`` (= seq_len) predict tokens of the second copy whose predecessor already occurred: only an
     induction mechanism (find the previous occurrence of the current token, copy what followed) predicts them.
-    Positions t < split predict the random first copy (and, at t = split - 1, the copy's first token): chance.
+    Positions t < split - 1 predict tokens of the random first copy: chance. Position split - 1 predicts the
+    copy's first token, x[0]: no token before it predicts it, but the period is fixed, so a head that attends to
+    position 0 can copy it (by position, not by induction); it is counted with the first half.
     ``score="repeat"`` (default) scores the repeated half only; ``score="all"`` scores every position, so
     :meth:`split_losses` can compare the loss on the first half with the loss on the repeat.
     """
