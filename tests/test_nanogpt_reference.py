@@ -1,0 +1,115 @@
+"""TinyTransformer computes the same function as the independent nanoGPT re-implementation
+(experiments/nanogpt_reference.py): the same weights in give the same logits, loss and gradients out, and both
+optimizers and learning-rate schedules agree step by step. This is what lets the chapter "A nanoGPT-comparable
+character model" put the two programs' losses side by side."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mha.model import TinyTransformer, TransformerConfig
+from mha.train import TrainConfig, configure_optimizer, get_lr
+
+PATH = Path(__file__).resolve().parents[1] / "experiments" / "nanogpt_reference.py"
+spec = importlib.util.spec_from_file_location("nanogpt_reference", PATH)
+ref = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = ref  # dataclasses look their module up while the file executes
+spec.loader.exec_module(ref)
+
+
+def pair(bias: bool, seed: int = 0):
+    """A reference GPT and a TinyTransformer holding the same weights (float64)."""
+    torch.manual_seed(seed)
+    cfg = ref.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=bias)
+    theirs = ref.GPT(cfg).double()
+    with torch.no_grad():  # random biases and gains too, so that a mis-mapped one cannot hide behind zeros/ones
+        for name, p in theirs.named_parameters():
+            if p.dim() == 1:
+                p.normal_(0.0 if name.endswith("bias") else 1.0, 0.3)
+    ours = TinyTransformer(TransformerConfig(vocab_size=11, block_size=8, n_layers=2, d_model=16, n_heads=2,
+                                             bias=bias)).double()
+    c = cfg.n_embd
+    mapping = {"tok_emb.weight": theirs.transformer.wte.weight, "pos_emb.weight": theirs.transformer.wpe.weight,
+               "ln_f.weight": theirs.transformer.ln_f.weight}
+    if bias:
+        mapping["ln_f.bias"] = theirs.transformer.ln_f.bias
+    for i, block in enumerate(theirs.transformer.h):
+        w, b = block.attn.c_attn.weight, block.attn.c_attn.bias  # (3C, C): rows q, then k, then v
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            mapping[f"blocks.{i}.attn.{name}.weight"] = w[j * c:(j + 1) * c]
+            if bias:
+                mapping[f"blocks.{i}.attn.{name}.bias"] = b[j * c:(j + 1) * c]
+        pairs = {"attn.o_proj": block.attn.c_proj, "mlp.c_fc": block.mlp.c_fc, "mlp.c_proj": block.mlp.c_proj,
+                 "ln_1": block.ln_1, "ln_2": block.ln_2}
+        for our_name, module in pairs.items():
+            mapping[f"blocks.{i}.{our_name}.weight"] = module.weight
+            if bias:
+                mapping[f"blocks.{i}.{our_name}.bias"] = module.bias
+    state = dict(ours.named_parameters())
+    assert set(state) == set(mapping), set(state) ^ set(mapping)  # every parameter mapped, none left over
+    with torch.no_grad():
+        for name, value in mapping.items():
+            state[name].copy_(value)
+    return theirs, ours, mapping
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_same_weights_give_same_logits_loss_and_gradients(bias):
+    theirs, ours, mapping = pair(bias)
+    assert sum(p.numel() for p in theirs.parameters()) == ours.num_params()
+    generator = torch.Generator().manual_seed(1)
+    idx = torch.randint(11, (3, 8), generator=generator)
+    targets = torch.randint(11, (3, 8), generator=generator)
+    logits_theirs, loss_theirs = theirs(idx, targets)
+    logits_ours, loss_ours, _ = ours(idx, targets)
+    torch.testing.assert_close(logits_ours, logits_theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-12, atol=1e-12)
+    loss_theirs.backward()
+    loss_ours.backward()
+    grads = dict(ours.named_parameters())
+    theirs_grads = {}  # the gradient of each of our parameters, cut out of the reference's (packed) gradients
+    for name, value in mapping.items():
+        base = value._base if value._base is not None else value  # a row slice of c_attn: take its rows
+        if base is value:
+            theirs_grads[name] = value.grad
+        else:
+            rows = value.storage_offset() // value.shape[-1] if value.dim() == 2 else value.storage_offset()
+            theirs_grads[name] = base.grad[rows:rows + value.shape[0]]
+    for name, grad in theirs_grads.items():
+        torch.testing.assert_close(grads[name].grad, grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_optimizer_groups_and_schedule_agree():
+    theirs, ours, _ = pair(bias=True)
+    settings = ref.TrainSettings()
+    train_config = TrainConfig(steps=settings.max_iters, lr=settings.learning_rate, min_lr=settings.min_lr,
+                               warmup_steps=settings.warmup_iters, weight_decay=settings.weight_decay,
+                               beta2=settings.beta2, grad_clip=settings.grad_clip)
+    for step in [0, 1, 50, 99, 100, 101, 500, 1000, 1999, 2000]:
+        assert math.isclose(get_lr(step, train_config), ref.get_lr(step, settings), rel_tol=1e-12), step
+    opt_theirs = ref.configure_optimizer(theirs, settings)
+    opt_ours = configure_optimizer(ours, train_config, torch.device("cpu"))
+    for g_theirs, g_ours in zip(opt_theirs.param_groups, opt_ours.param_groups, strict=True):
+        assert g_theirs["weight_decay"] == g_ours["weight_decay"] and g_theirs["betas"] == g_ours["betas"]
+        assert sum(p.numel() for p in g_theirs["params"]) == sum(p.numel() for p in g_ours["params"])
+
+
+def test_prepare_matches_the_task_split():
+    from mha.tasks import Shakespeare, load_tinyshakespeare
+
+    try:
+        text = load_tinyshakespeare()
+    except FileNotFoundError:
+        pytest.skip("Tiny Shakespeare not available (set MHA_DATA_DIR)")
+    chars, train, val = ref.prepare(text)
+    task = Shakespeare()
+    assert chars == task.chars
+    np.testing.assert_array_equal(train.astype(np.int64), task.data["train"].numpy())
+    np.testing.assert_array_equal(val.astype(np.int64), task.data["val"].numpy())
