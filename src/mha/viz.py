@@ -60,7 +60,8 @@ _SCRIPT = """
       ctx.fillStyle = color(w[i][j] / data.scale);
       ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
     }
-    if (cell >= 8) {
+    const longest = Math.max(...s.m.tokens.map(t => shown(t).length));
+    if (cell >= 8 && cell >= 6 * longest + 2) {  // labels only where they fit; the readout always names the tokens
       ctx.fillStyle = '#444'; ctx.font = Math.min(cell - 1, 11) + 'px monospace'; ctx.textAlign = 'center';
       for (let i = 0; i < n; i++) {
         ctx.fillText(shown(s.m.tokens[i]), margin + (i + 0.5) * cell, margin - 3);
