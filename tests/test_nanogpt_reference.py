@@ -35,28 +35,31 @@ def pair(bias: bool, seed: int = 0):
                 p.normal_(0.0 if name.endswith("bias") else 1.0, 0.3)
     ours = TinyTransformer(TransformerConfig(vocab_size=11, block_size=8, n_layers=2, d_model=16, n_heads=2,
                                              bias=bias)).double()
-    c = cfg.n_embd
-    mapping = {"tok_emb.weight": theirs.transformer.wte.weight, "pos_emb.weight": theirs.transformer.wpe.weight,
-               "ln_f.weight": theirs.transformer.ln_f.weight}
+    c, every_row = cfg.n_embd, slice(None)
+    # our parameter name -> (the reference's parameter, the rows of it that hold ours)
+    mapping = {"tok_emb.weight": (theirs.transformer.wte.weight, every_row),
+               "pos_emb.weight": (theirs.transformer.wpe.weight, every_row),
+               "ln_f.weight": (theirs.transformer.ln_f.weight, every_row)}
     if bias:
-        mapping["ln_f.bias"] = theirs.transformer.ln_f.bias
+        mapping["ln_f.bias"] = (theirs.transformer.ln_f.bias, every_row)
     for i, block in enumerate(theirs.transformer.h):
         w, b = block.attn.c_attn.weight, block.attn.c_attn.bias  # (3C, C): rows q, then k, then v
         for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            mapping[f"blocks.{i}.attn.{name}.weight"] = w[j * c:(j + 1) * c]
+            rows = slice(j * c, (j + 1) * c)
+            mapping[f"blocks.{i}.attn.{name}.weight"] = (w, rows)
             if bias:
-                mapping[f"blocks.{i}.attn.{name}.bias"] = b[j * c:(j + 1) * c]
+                mapping[f"blocks.{i}.attn.{name}.bias"] = (b, rows)
         pairs = {"attn.o_proj": block.attn.c_proj, "mlp.c_fc": block.mlp.c_fc, "mlp.c_proj": block.mlp.c_proj,
                  "ln_1": block.ln_1, "ln_2": block.ln_2}
         for our_name, module in pairs.items():
-            mapping[f"blocks.{i}.{our_name}.weight"] = module.weight
+            mapping[f"blocks.{i}.{our_name}.weight"] = (module.weight, every_row)
             if bias:
-                mapping[f"blocks.{i}.{our_name}.bias"] = module.bias
+                mapping[f"blocks.{i}.{our_name}.bias"] = (module.bias, every_row)
     state = dict(ours.named_parameters())
     assert set(state) == set(mapping), set(state) ^ set(mapping)  # every parameter mapped, none left over
     with torch.no_grad():
-        for name, value in mapping.items():
-            state[name].copy_(value)
+        for name, (source, rows) in mapping.items():
+            state[name].copy_(source[rows])
     return theirs, ours, mapping
 
 
@@ -74,17 +77,8 @@ def test_same_weights_give_same_logits_loss_and_gradients(bias):
     loss_theirs.backward()
     loss_ours.backward()
     grads = dict(ours.named_parameters())
-    theirs_grads = {}  # the gradient of each of our parameters, cut out of the reference's (packed) gradients
-    for name, value in mapping.items():
-        base = value._base if value._base is not None else value  # a row slice of c_attn: take its rows
-        if base is value:
-            theirs_grads[name] = value.grad
-        else:
-            rows = value.storage_offset() // value.shape[-1] if value.dim() == 2 else value.storage_offset()
-            theirs_grads[name] = base.grad[rows:rows + value.shape[0]]
-    for name, grad in theirs_grads.items():
-        torch.testing.assert_close(grads[name].grad, grad, rtol=1e-10, atol=1e-12, msg=name)
-
+    for name, (source, rows) in mapping.items():  # each of our gradients against its rows of the reference's
+        torch.testing.assert_close(grads[name].grad, source.grad[rows], rtol=1e-10, atol=1e-12, msg=name)
 
 def test_optimizer_groups_and_schedule_agree():
     theirs, ours, _ = pair(bias=True)

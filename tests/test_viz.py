@@ -75,7 +75,8 @@ GOOD = dict(weights=np.full((1, 2, 3, 3), 1 / 3), tokens=["a", "b", "c"])
     ({"m": dict(GOOD, labels=["xy"])}, {}, ValueError, "n_layers=1 lists of n_heads=2"),
     ({"m": dict(GOOD, extra=1)}, {}, ValueError, "must be a dict with keys"),
     ({"": GOOD}, {}, TypeError, "non-empty string"),
-    ({"m": GOOD}, dict(size=10), ValueError, "size must be an int >= 64"),
+    ({"m": GOOD}, dict(size=10), ValueError, "size must be an integer >= 64, got 10"),
+    ({"m": GOOD}, dict(size=100.0), TypeError, "size must be an integer >= 64"),
     ({"m": GOOD}, dict(element_id="a b"), ValueError, "element_id must be"),
 ])
 def test_bad_input_is_refused_with_a_clear_error(models, kwargs, error, words):

@@ -17,6 +17,8 @@ import uuid
 
 import numpy as np
 
+from mha._checks import check_int
+
 __all__ = ["AttentionExplorer", "attention_explorer"]
 
 SCALE = 1000  # weights are stored as round(weight * SCALE)
@@ -159,8 +161,10 @@ def attention_explorer(models: dict, size: int = 360, hint: str = "Hover over a 
     """
     if not isinstance(models, dict) or not models:
         raise TypeError(f"models must be a non-empty dict {{name: dict(weights, tokens, labels)}}, got {models!r:.100}")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 64:
-        raise ValueError(f"size must be an int >= 64 (pixels), got {size!r}")
+    check_int("size", size, minimum=64)
+    element_id = element_id or f"mha-attn-{uuid.uuid4().hex[:12]}"
+    if not isinstance(element_id, str) or not element_id.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"element_id must be letters, digits, '-' and '_' only, got {element_id!r}")
     payload_models = []
     for name, spec in models.items():
         if not isinstance(spec, dict) or not {"weights", "tokens"} <= spec.keys() or spec.keys() - {
@@ -171,9 +175,6 @@ def attention_explorer(models: dict, size: int = 360, hint: str = "Hover over a 
         payload_models.append(dict(name=name, tokens=list(spec["tokens"]),
                                    weights=np.rint(np.clip(weights, 0, 1) * SCALE).astype(int).tolist(),
                                    labels=None if spec.get("labels") is None else [list(r) for r in spec["labels"]]))
-    element_id = element_id or f"mha-attn-{uuid.uuid4().hex[:12]}"
-    if not isinstance(element_id, str) or not element_id.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"element_id must be letters, digits, '-' and '_' only, got {element_id!r}")
     payload = dict(models=payload_models, scale=SCALE, colors=VIRIDIS, size=size, hint=hint)
     # "<", ">" and "&" escaped so that no token (e.g. "</script>") can end the script element early.
     data = json.dumps(payload, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace(
