@@ -21,8 +21,8 @@ help:
 	@echo "make book      build the HTML book into _build/html (creates .venv and installs everything first)"
 	@echo "make test      run every test: unit tests, notebooks (nbval), book build with -W, browser check"
 	@echo "make test-fast unit tests only"
-	@echo "make smoke     run the smoke sweep (experiments/sweeps/smoke.yaml)"
-	@echo "make bench     run the benchmarks and write experiments/results/bench/<device>.json"
+	@echo "make smoke     run the smoke sweep (experiments/smoke.yaml)"
+	@echo "make bench     run the benchmarks and write experiments/benchmarks/<device>.json"
 	@echo "make book-all  rebuild every page (after a _config.yml change)"
 
 $(VENV)/.installed: pyproject.toml
@@ -52,7 +52,7 @@ test-fast: install
 	$(BIN)/python -m pytest tests -m "not book" -n $(JOBS) $(PYTEST_ARGS)
 
 smoke: install
-	$(BIN)/python -m mha.sweep experiments/sweeps/smoke.yaml --out _build/smoke
+	$(BIN)/python -m mha.sweep experiments/smoke.yaml --out _build/smoke
 
 bench: install
 	$(BIN)/python -m mha.bench

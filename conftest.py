@@ -19,8 +19,8 @@ def _is_text_notebook(path) -> bool:
     return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
 
 
-# Executed notebooks that sweeps leave under experiments/results/*/runs/ are outputs, not notebooks to test.
-collect_ignore_glob = ["experiments/results/*"]
+# Executed notebooks that sweeps leave under experiments/<chapter>/<sweep>/runs/ are outputs, not notebooks to test.
+collect_ignore_glob = ["experiments/*/*/runs/*"]
 
 
 class MystNotebook(plugin.IPyNbFile):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from mha import analysis
-from mha.model import TinyTransformer, TransformerConfig
-from mha.tasks import make_task
-from mha.train import evaluate
+from mha.experiments import analysis
+from mha.experiments.model import TinyTransformer, TransformerConfig
+from mha.experiments.tasks import make_task
+from mha.experiments.train import evaluate
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Tests for mha.bench: the timing core's bookkeeping (with a fake clock), the memory and backend probes, the
+"""Tests for mha.experiments.bench: the timing core's bookkeeping (with a fake clock), the memory and backend probes, the
 contenders' equivalence, and one seconds-long ``--quick`` smoke run of the CLI (its JSON schema). No test asserts
 a time."""
 
@@ -12,32 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha.bench import (SECTIONS, TorchTransformer, compare, copy_to_torch_mha, expand_kv_heads, peak_memory_bytes,
-                       sdpa_backend_used, sdpa_backends_runnable)
 from mha.attention import MultiHeadAttention
-from mha.model import TinyTransformer, TransformerConfig
+from mha.convert import copy_to_torch_mha
+from mha.experiments.bench import (SECTIONS, ScriptedClock, TorchTransformer, compare, peak_memory_bytes,
+                                   sdpa_backend_used, sdpa_backends_runnable)
+from mha.experiments.model import TinyTransformer, TransformerConfig, expand_kv_heads
 
 torch.set_num_threads(1)
 
 
-class FakeClock:
-    """A clock that only moves when a contender runs: each call of a contender adds its next cost."""
-
-    def __init__(self):
-        self.now = 0.0
-        self.log = []
-
-    def __call__(self):
-        return self.now
+class FakeClock(ScriptedClock):
+    """The package's scripted clock with the contender's name first (as these tests were written)."""
 
     def contender(self, name, costs):
-        costs = iter(costs)
-
-        def fn():
-            self.log.append(name)
-            self.now += next(costs)
-
-        return fn
+        return super().contender(costs, name)
 
 
 def test_compare_alternates_and_reports_median_per_pair_ratio():
@@ -202,7 +190,7 @@ def test_quick_cli_writes_the_json_schema(tmp_path):
 
 
 def test_run_rejects_unknown_sections_and_names_the_device():
-    from mha.bench import QUICK, device_info, run
+    from mha.experiments.bench import QUICK, device_info, run
     with pytest.raises(ValueError, match="unknown sections \\['attn'\\]"):
         run(QUICK, sections=["attn"], device="cpu", progress=False)
     info = device_info(torch.device("cpu"))

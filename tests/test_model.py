@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mha import counting
-from mha.model import TinyTransformer, TransformerConfig
+from mha.experiments.model import TinyTransformer, TransformerConfig
 
 torch.set_num_threads(1)
 
@@ -183,7 +183,7 @@ def test_bad_inputs():
         model(random_ids(model, 2, 13))
     with pytest.raises(TypeError, match="int64"):
         model(idx.float())
-    with pytest.raises(TypeError, match=r"\(N, L\)"):
+    with pytest.raises(ValueError, match=r"\(N, L\)"):  # a wrong shape is a wrong value
         model(idx[0])
     with pytest.raises(ValueError, match="vocab_size"):
         model(torch.full((1, 3), 17))
@@ -217,5 +217,13 @@ def test_bad_inputs():
         TransformerConfig(vocab_size=0)
     with pytest.raises(ValueError, match="dropout"):
         TransformerConfig(dropout=1.5)
+    with pytest.raises(TypeError, match="dropout"):  # a wrong type is a TypeError, as everywhere in the package
+        TransformerConfig(dropout="0.1")
+    with pytest.raises(TypeError, match="targets"):
+        model(idx, idx.float())
+    with pytest.raises(TypeError, match="temperature"):
+        model.generate(idx, 2, temperature="hot")
+    with pytest.raises(TypeError, match="kv_caches"):
+        model(idx, kv_caches=object())
     with pytest.raises(TypeError, match="TransformerConfig"):
         TinyTransformer({"vocab_size": 3})

@@ -1,5 +1,5 @@
 """TinyTransformer computes the same function as the independent nanoGPT re-implementation
-(experiments/nanogpt_reference.py): the same weights in give the same logits, loss and gradients out, and both
+(experiments/shakespeare/nanogpt_reference.py): the same weights in give the same logits, loss and gradients out, and both
 optimizers and learning-rate schedules agree step by step. This is what lets the chapter "A nanoGPT-comparable
 character model" put the two programs' losses side by side."""
 
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from mha.model import TinyTransformer, TransformerConfig
-from mha.train import TrainConfig, configure_optimizer, get_lr
+from mha.experiments.model import TinyTransformer, TransformerConfig
+from mha.experiments.train import TrainConfig, configure_optimizer, get_lr
 
-PATH = Path(__file__).resolve().parents[1] / "experiments" / "nanogpt_reference.py"
+PATH = Path(__file__).resolve().parents[1] / "experiments" / "shakespeare" / "nanogpt_reference.py"
 spec = importlib.util.spec_from_file_location("nanogpt_reference", PATH)
 ref = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = ref  # dataclasses look their module up while the file executes
@@ -96,7 +96,8 @@ def test_optimizer_groups_and_schedule_agree():
 
 
 def test_prepare_matches_the_task_split():
-    from mha.tasks import Shakespeare, load_tinyshakespeare
+    from mha.experiments.data import load_tinyshakespeare
+    from mha.experiments.tasks import Shakespeare
 
     try:
         text = load_tinyshakespeare()

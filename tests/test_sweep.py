@@ -1,4 +1,5 @@
-"""Tests for mha.sweep: grid -> papermill runs -> results.csv, reruns, failures, interruption, launchers."""
+"""Tests for mha.experiments.sweep: grid -> runs (papermill or the study function) -> results.csv, reruns, failures,
+interruption, launchers, and the checks of a sweep file before anything runs."""
 
 import csv
 import hashlib
@@ -9,17 +10,18 @@ import nbformat
 import pytest
 import yaml
 
-from mha import sweep
-from mha.sweep import REQUIRED_COLUMNS, Results, load_sweep, run_sweep
+from mha.experiments import sweep
+from mha.experiments.sweep import REQUIRED_COLUMNS, Results, load_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN_NOTEBOOK = REPO / "experiments" / "train.ipynb"
+TRAIN_NOTEBOOK = REPO / "experiments" / "notebooks" / "train.ipynb"
 
 
 def write_sweep(folder, notebook, base, grid, name="t"):
+    """A sweep file; ``notebook`` is a path (a plain notebook sweep) or a study name such as "train"."""
     path = Path(folder) / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "notebook": str(notebook), "base": base, "grid": grid},
-                                   sort_keys=False))
+    target = {"notebook": str(notebook)} if isinstance(notebook, Path) else {"study": notebook}
+    path.write_text(yaml.safe_dump({"name": name, **target, "base": base, "grid": grid}, sort_keys=False))
     return path
 
 
@@ -47,13 +49,16 @@ def dummy_notebook(tmp_path_factory):
     return path
 
 
+BASE = {"task": "two_offset", "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1, "batch_size": 4,
+        "warmup_steps": 1, "lr": 1e-3}
+GRID = {"task_kwargs": [{}, {"block_size": 2}], "seed": [0]}  # block_size 2 < offset 3: the task refuses, at run time
+
+
 @pytest.fixture(scope="module")
 def train_sweep(tmp_path_factory):
-    """The real notebook, two runs: n_heads=2 trains; n_heads=3 does not divide d_model=32 and fails."""
-    folder = tmp_path_factory.mktemp("train_sweep")
-    base = {"task": "two_offset", "steps": 4, "eval_interval": 2, "eval_batches": 1, "batch_size": 4,
-            "warmup_steps": 1, "lr": 1e-3}
-    config = write_sweep(folder, TRAIN_NOTEBOOK, base, {"n_heads": [2, 3], "seed": [0]}, name="train")
+    """The train study through its notebook, two runs: the first trains; the second's task refuses its settings."""
+    folder = tmp_path_factory.mktemp("train_sweep")  # outside the repository: the package's checkout has the template
+    config = write_sweep(folder, "train", BASE, GRID, name="train")
     rows = run_sweep(config, out=folder / "out", progress=False)
     return config, folder / "out", rows
 
@@ -64,16 +69,18 @@ def test_train_sweep_rows_and_columns(train_sweep):
     assert table == rows and len(table) == 2
     assert list(table[0])[:len(REQUIRED_COLUMNS)] == REQUIRED_COLUMNS
     ok, failed = table
-    assert (ok["n_heads"], ok["status"], ok["error"]) == ("2", "ok", "")
+    assert (ok["task_kwargs"], ok["status"], ok["error"]) == ("{}", "ok", "")
     assert float(ok["val_loss"]) > 0 and 0 <= float(ok["val_acc"]) <= 1
     assert ok["task"] == "two_offset" and ok["steps"] == "4" and ok["d_model"] == "32" and ok["seed"] == "0"
     assert ok["n_kv_heads"] == "2" and ok["head_dim"] == "16"  # resolved by the model
     assert int(ok["params"]) > 0 and int(ok["kv_cache_bytes"]) == 2 * 32 * 1 * 2 * 16 * 4
     assert ok["device"] == "cpu" and ok["torch_version"] and float(ok["tokens_per_s"]) > 0
     assert ok["lr"] == "0.001" and ok["sweep"] == "train" and ok["threads"] == "1"
+    assert ok["device_name"] and ok["num_threads"] == "1" and ok["cpu_model"]  # the machine, in every row
+    assert ok["beta2"] == "0.95" and ok["bias"] == "True"  # every setting, default or not
     assert len(ok["git_commit"]) == 40
-    assert failed["status"] == "failed" and failed["n_heads"] == "3"
-    assert "ValueError" in failed["error"] and "n_heads" in failed["error"] and failed["val_loss"] == ""
+    assert failed["status"] == "failed" and failed["task_kwargs"] == '{"block_size": 2}'
+    assert "ValueError" in failed["error"] and "block_size" in failed["error"] and failed["val_loss"] == ""
     for row in table:
         assert (out / "runs" / f"{row['run_id']}.ipynb").is_file()
     assert json.loads((out / "runs" / ok["run_id"] / "metrics.json").read_text())["val_loss"] == pytest.approx(
@@ -83,12 +90,12 @@ def test_train_sweep_rows_and_columns(train_sweep):
 def test_run_ids_are_stable_hashes(train_sweep, tmp_path):
     config, _, rows = train_sweep
     spec = yaml.safe_load(config.read_text())
-    for row, n_heads in zip(rows, (2, 3)):
-        parameters = {**spec["base"], "n_heads": n_heads, "seed": 0}
+    for row, task_kwargs in zip(rows, GRID["task_kwargs"]):
+        parameters = {**spec["base"], "task_kwargs": task_kwargs, "seed": 0}
         canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"))
         assert row["run_id"] == hashlib.sha256(canonical.encode()).hexdigest()[:12]
-    reordered = write_sweep(tmp_path, TRAIN_NOTEBOOK, dict(reversed(list(spec["base"].items()))),
-                            {"seed": [0], "n_heads": [2, 3]}, name="train")
+    reordered = write_sweep(tmp_path, "train", dict(reversed(list(spec["base"].items()))),
+                            {"seed": [0], "task_kwargs": GRID["task_kwargs"]}, name="train")
     assert sorted(r.run_id for r in load_sweep(reordered).runs()) == sorted(r["run_id"] for r in rows)
     assert len({r["run_id"] for r in rows}) == 2
 
@@ -100,8 +107,8 @@ def test_rerun_skips_finished_and_kill_loses_nothing(train_sweep, monkeypatch):
     ok_id, failed_id = rows[0]["run_id"], rows[1]["run_id"]
     calls = []
 
-    def fake_execute_run(notebook, run_id, parameters, runs_dir, kernel="python3"):
-        calls.append(run_id)
+    def fake_execute_run(sweep_, run, runs_dir, executor="notebook", kernel="python3"):
+        calls.append(run.run_id)
         return {"status": "ok", "error": "", "val_loss": 1.25}
 
     monkeypatch.setattr(sweep, "execute_run", fake_execute_run)
@@ -182,6 +189,53 @@ def test_bad_sweep_files(dummy_notebook, tmp_path):
         run_sweep(path, out=tmp_path / "o", launcher="ssh")
 
 
-def test_smoke_sweep_file_is_valid():
-    smoke = load_sweep(REPO / "experiments" / "sweeps" / "smoke.yaml")
+def test_function_executor_computes_what_the_notebook_computed(train_sweep, tmp_path_factory):
+    """The same run through the study's function in a fresh process: the same numbers, to the last digit."""
+    config, out, rows = train_sweep
+    again = run_sweep(config, out=out.parent / "out-function", executor="function", progress=False)
+    for a, b in zip(rows, again):
+        assert a["run_id"] == b["run_id"] and a["status"] == b["status"]
+        for key in ("val_loss", "val_acc", "train_loss", "params", "kv_cache_bytes"):
+            assert a[key] == b[key], key
+    assert not (out.parent / "out-function" / "runs" / f"{rows[0]['run_id']}.ipynb").exists()
+
+
+def test_only_runs_the_runs_named(tmp_path, dummy_notebook):
+    config = write_sweep(tmp_path, dummy_notebook, {}, {"x": [1, 2, 3]})
+    ids = [run.run_id for run in load_sweep(config).runs()]
+    rows = run_sweep(config, out=tmp_path / "out", only=[ids[1]], progress=False)
+    assert [r["x"] for r in rows] == ["2"] and len(read_csv(tmp_path / "out" / "results.csv")) == 1
+    with pytest.raises(ValueError, match="not runs of"):
+        run_sweep(config, out=tmp_path / "out", only=["000000000000"], progress=False)
+
+
+def test_study_settings_are_checked_before_any_run(tmp_path):
+    """An unknown name (with the nearest field suggested), a wrong type, a bad value, an unknown task argument:
+    each stops the sweep at load time with the file, the run and the field in the message."""
+    folder = tmp_path
+    with pytest.raises(ValueError, match=r"'n_head' is not a setting of TrainRun .*did you mean 'n_heads'"):
+        load_sweep(write_sweep(folder, "train", {"n_head": 2}, {"seed": [0]}))
+    with pytest.raises(TypeError, match=r"run \w+ \(seed=0\): TrainRun.steps must be an integer >= 1, got '4'"):
+        load_sweep(write_sweep(folder, "train", {"steps": "4"}, {"seed": [0]}))
+    with pytest.raises(ValueError, match=r"n_heads=3.*d_model \(32\) must be divisible by n_heads \(3\)"):
+        load_sweep(write_sweep(folder, "train", {}, {"n_heads": [2, 3]}))
+    with pytest.raises(ValueError, match=r"task_kwargs has key\(s\) \['seq_len'\]"):
+        load_sweep(write_sweep(folder, "train", {"task_kwargs": {"seq_len": 4}}, {"seed": [0]}))
+    with pytest.raises(ValueError, match="study must be one of"):
+        load_sweep(write_sweep(folder, "nope", {}, {"seed": [0]}))
+    path = folder / "both.yaml"
+    path.write_text(f"name: b\nstudy: train\nnotebook: {TRAIN_NOTEBOOK}\ngrid: {{seed: [0]}}\n")
+    with pytest.raises(ValueError, match="either 'study'"):
+        load_sweep(path)
+
+
+def test_every_committed_sweep_file_is_valid():
+    """Every sweep file of every chapter folder loads (its runs' settings all check), and names its own folder."""
+    files = sorted(REPO.glob("experiments/*/*.yaml")) + [REPO / "experiments" / "smoke.yaml"]
+    assert len(files) >= 19
+    for path in files:
+        sweep_ = load_sweep(path)
+        assert sweep_.study in ("train", "heads", "dynamics", "shakespeare") and sweep_.notebook.is_file(), path
+        assert sweep.output_dir(sweep_) == path.parent / sweep_.name
+    smoke = load_sweep(REPO / "experiments" / "smoke.yaml")
     assert smoke.notebook == TRAIN_NOTEBOOK and 2 <= len(smoke.runs()) <= 4

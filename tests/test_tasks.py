@@ -1,16 +1,17 @@
-"""Tests for mha.tasks: targets are checked against explicit per-position loops."""
+"""Tests for mha.experiments.tasks and .data: targets are checked against explicit per-position loops; the download
+through pooch with a fake downloader."""
 
 import hashlib
 import math
 import os
-import urllib.error
 from pathlib import Path
 
 import pytest
 import torch
 
-from mha import tasks
-from mha.tasks import AssociativeRecall, RepeatedSequence, Shakespeare, TwoOffsetLookup, accuracy, make_task
+from mha.experiments import data, tasks
+from mha.experiments.tasks import (AssociativeRecall, RepeatedSequence, Shakespeare, TwoOffsetLookup,
+                                   VaryingPeriodRepeat, accuracy, make_task, periods_of)
 
 torch.set_num_threads(1)
 
@@ -20,7 +21,8 @@ HAVE_SHAKESPEARE = (DATA_DIR / "tinyshakespeare" / "input.txt").exists()
 needs_shakespeare = pytest.mark.skipif(not HAVE_SHAKESPEARE, reason=f"no Tiny Shakespeare under {DATA_DIR}")
 
 
-@pytest.mark.parametrize("name, kwargs", [("recall", {}), ("induction", {}), ("two_offset", {})])
+@pytest.mark.parametrize("name, kwargs", [("recall", {}), ("induction", {}), ("two_offset", {}),
+                                          ("induction_varying", {})])
 def test_deterministic_and_splits_differ(name, kwargs):
     a, b = make_task(name, seed=3, **kwargs), make_task(name, seed=3, **kwargs)
     batches_a = [a.get_batch("train", 4) for _ in range(2)] + [a.get_batch("val", 4)]
@@ -100,8 +102,16 @@ def test_accuracy():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="unknown task 'nope'"):
+    with pytest.raises(ValueError, match="task must be one of .*got 'nope'"):
         make_task("nope")
+    with pytest.raises(TypeError, match=r"takes no argument\(s\) \['seq_len'\]"):
+        make_task("two_offset", seq_len=4)
+    with pytest.raises(TypeError, match="offsets"):
+        TwoOffsetLookup(offsets=(1.0, 3))
+    with pytest.raises(ValueError, match="min_period"):
+        VaryingPeriodRepeat(seq_len=8, min_period=9)
+    with pytest.raises(ValueError, match="length"):
+        VaryingPeriodRepeat(seq_len=8, length=15)
     with pytest.raises(ValueError, match="num_kv_pairs"):
         AssociativeRecall(vocab_size=10, num_kv_pairs=6)
     with pytest.raises(ValueError, match="num_queries"):
@@ -135,63 +145,80 @@ def test_shakespeare_batches():
 
 
 @pytest.fixture
-def fake_urlopen(monkeypatch):
-    """Replace urlopen in mha.tasks by a fake serving ``served["bytes"]`` or raising ``served["error"]``."""
-    served = {}
+def fake_download(monkeypatch):
+    """pooch's downloader replaced by a fake that writes ``served["bytes"]`` or raises ``served["error"]``."""
+    served = {"calls": 0}
 
-    class Response:
-        def __init__(self, data):
-            self.data = data
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def read(self):
-            return self.data
-
-    def urlopen(url, timeout=None):
+    def downloader(url, output_file, pooch_instance, check_only=False):
+        served["calls"] += 1
         served["url"] = url
         if "error" in served:
             raise served["error"]
-        return Response(served["bytes"])
+        Path(output_file).write_bytes(served["bytes"])
 
-    monkeypatch.setattr(tasks, "urlopen", urlopen)
+    monkeypatch.setattr(data, "DOWNLOADER", downloader)
     return served
 
 
-def test_download_bad_checksum_writes_nothing(tmp_path, fake_urlopen):
-    fake_urlopen["bytes"] = b"not shakespeare"
+def test_download_bad_checksum_writes_nothing(tmp_path, fake_download):
+    fake_download["bytes"] = b"not shakespeare"
     with pytest.raises(ValueError, match=hashlib.sha256(b"not shakespeare").hexdigest()):
-        tasks.load_tinyshakespeare(tmp_path)
-    assert fake_urlopen["url"] == tasks.TINYSHAKESPEARE_URL
+        data.load_tinyshakespeare(tmp_path)
+    assert fake_download["url"] == data.TINYSHAKESPEARE_URL
     assert not (tmp_path / "tinyshakespeare" / "input.txt").exists()
+    assert [p.name for p in (tmp_path / "tinyshakespeare").iterdir()] == []  # no temporary file left either
 
 
-def test_download_without_network_names_the_path(tmp_path, fake_urlopen, monkeypatch):
-    fake_urlopen["error"] = urllib.error.URLError("no network")
+def test_download_without_network_names_the_path(tmp_path, fake_download, monkeypatch):
+    import requests
+
+    fake_download["error"] = requests.exceptions.ConnectionError("no network")
     monkeypatch.setenv("MHA_DATA_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError) as info:
-        tasks.load_tinyshakespeare()
+        data.load_tinyshakespeare()
     message = str(info.value)
-    assert str(tmp_path / "tinyshakespeare" / "input.txt") in message and tasks.TINYSHAKESPEARE_URL in message
+    assert str(tmp_path / "tinyshakespeare" / "input.txt") in message and data.TINYSHAKESPEARE_URL in message
 
 
-def test_corrupt_cached_file_is_an_error(tmp_path):
+def test_corrupt_cached_file_is_an_error_and_is_kept(tmp_path, fake_download):
     path = tmp_path / "tinyshakespeare" / "input.txt"
     path.parent.mkdir()
     path.write_text("First Citizen: a corrupted copy")
     with pytest.raises(ValueError, match="sha256"):
-        tasks.load_tinyshakespeare(tmp_path)
+        data.load_tinyshakespeare(tmp_path)
+    assert fake_download["calls"] == 0 and path.read_text() == "First Citizen: a corrupted copy"
 
 
 @needs_shakespeare
-def test_download_then_read_from_cache(tmp_path, fake_urlopen):
+def test_download_then_read_from_cache(tmp_path, fake_download):
     raw = (DATA_DIR / "tinyshakespeare" / "input.txt").read_bytes()
-    fake_urlopen["bytes"] = raw
-    text = tasks.load_tinyshakespeare(tmp_path)
+    fake_download["bytes"] = raw
+    text = data.load_tinyshakespeare(tmp_path)
     assert text == raw.decode() and (tmp_path / "tinyshakespeare" / "input.txt").read_bytes() == raw
-    fake_urlopen["error"] = urllib.error.URLError("no network")  # the second call reads the cached file
-    assert tasks.load_tinyshakespeare(tmp_path) == text
+    fake_download["error"] = OSError("no network")  # the second call reads the cached file
+    assert data.load_tinyshakespeare(tmp_path) == text and fake_download["calls"] == 1
+
+
+def test_varying_period_repeat_targets_and_periods():
+    """Each sequence repeats its first p tokens, p in [min_period, seq_len]; y is x shifted by one; periods_of and
+    repeat_mask recover p (checked against the definition, position by position)."""
+    task = VaryingPeriodRepeat(vocab_size=256, seq_len=12, min_period=5, length=30, seed=1)
+    x, y = task.get_batch("train", 64)
+    assert x.shape == y.shape == (64, task.block_size) == (64, 29)
+    seq = torch.cat([x, y[:, -1:]], dim=1)  # (N, 30)
+    assert torch.equal(seq[:, 1:-1], y[:, :-1])
+    periods = periods_of(x, 5, 12)
+    mask = task.repeat_mask(x)
+    seen = set()
+    for i in range(64):
+        p = int(periods[i])
+        seen.add(p)
+        assert 5 <= p <= 12
+        for t in range(30):
+            assert seq[i, t] == seq[i, t % p]  # period p
+        # with 256 tokens, a shorter period would need p random tokens to repeat by chance
+        assert not all(seq[i, t] == seq[i, t - (p - 1)] for t in range(p - 1, 30)) or p == 5
+        assert mask[i].tolist() == [t >= p for t in range(29)]
+    assert len(seen) >= 5  # the period really varies
+    fixed = VaryingPeriodRepeat(vocab_size=256, seq_len=12, min_period=12, seed=1)
+    assert set(periods_of(fixed.get_batch("val", 16)[0], 12, 12).tolist()) == {12}

@@ -1,4 +1,4 @@
-"""Tests for mha.train: schedule, optimizer groups, the training loop's metrics, decode timing."""
+"""Tests for mha.experiments.train: schedule, optimizer groups, the training loop's metrics, hooks, decode timing."""
 
 import json
 import math
@@ -7,21 +7,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mha.model import TinyTransformer, TransformerConfig
-from mha.tasks import Task, make_task
-from mha.train import TrainConfig, configure_optimizer, get_lr, measure_decode_time, resolve_device, train
+from mha.experiments.model import TinyTransformer, TransformerConfig
+from mha.experiments.tasks import Task, make_task
+from mha.experiments.machine import resolve_device
+from mha.experiments.train import Hook, TrainConfig, configure_optimizer, get_lr, measure_decode_time, train
 
 torch.set_num_threads(1)
 
 RECALL = dict(vocab_size=16, num_kv_pairs=4)
 
 
-def small_run(seed=0, steps=40, **overrides):
+def small_run(seed=0, steps=40, hooks=(), **overrides):
     task = make_task("recall", seed=seed, **RECALL)
     model_config = TransformerConfig(vocab_size=16, block_size=task.block_size, n_layers=1, d_model=32, n_heads=4)
     kwargs = dict(steps=steps, batch_size=16, lr=1e-2, warmup_steps=5, eval_interval=10, eval_batches=2, seed=seed)
     kwargs.update(overrides)
-    return task, model_config, train(model_config, task, TrainConfig(**kwargs), progress=False)
+    return task, model_config, train(model_config, task, TrainConfig(**kwargs), progress=False, hooks=hooks)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,68 @@ def test_bad_configs():
         TrainConfig(lr=1e-3, min_lr=1e-2)
     with pytest.raises(ValueError, match="batch_size"):
         TrainConfig(batch_size=0)
+    with pytest.raises(TypeError, match="TrainConfig.lr"):  # a wrong type is a TypeError
+        TrainConfig(lr="0.001")
+    with pytest.raises(ValueError, match="beta2"):
+        TrainConfig(beta2=1.0)
+    with pytest.raises(TypeError, match=r"hooks\[0\]"):
+        small_run(steps=2, warmup_steps=0, hooks=[object()])
+
+
+class Recorder(Hook):
+    """Records what the trainer hands its hooks; stops after ``stop_at`` steps when given."""
+
+    def __init__(self, eval_at_start=False, stop_at=None):
+        self.eval_at_start = eval_at_start
+        self.stop_at = stop_at
+        self.steps, self.losses, self.norms, self.records, self.started = [], [], [], [], None
+
+    def on_start(self, model, eval_set, device):
+        self.started = (model.training, len(eval_set), device.type)
+
+    def on_step(self, step, loss, grad_norm):
+        self.steps.append(step)
+        self.losses.append(loss.item())
+        self.norms.append(grad_norm.item())
+        return self.stop_at is not None and step + 1 >= self.stop_at
+
+    def on_eval(self, record):
+        record["seen_steps"] = len(self.steps)
+        self.records.append(dict(record))
+
+
+def test_hooks_see_every_step_and_leave_the_run_unchanged():
+    """A hook sees every step (its loss averages to the interval train_loss the trainer reports) and can ask for an
+    evaluation at step 0; a run with hooks computes exactly the metrics of a run without."""
+    _, _, plain = small_run(steps=20)
+    hook = Recorder(eval_at_start=True)
+    _, _, hooked = small_run(steps=20, hooks=[hook])
+    assert hook.started == (True, 2, "cpu")
+    assert hook.steps == list(range(20))
+    assert all(math.isfinite(n) and n > 0 for n in hook.norms)
+    assert hooked["val_loss"] == plain["val_loss"] and hooked["train_loss"] == plain["train_loss"]
+    assert [h["step"] for h in hooked["history"]] == [0, 10, 20]
+    assert hooked["history"][0]["train_loss"] is None and hooked["history"][0]["lr"] == 0.0
+    assert hooked["history"][1:] == [{**h, "seen_steps": s} for h, s in zip(plain["history"], (10, 20))]
+    interval = torch.tensor(hook.losses[10:20]).mean().item()  # the same float32 mean the trainer takes
+    assert hooked["history"][2]["train_loss"] == pytest.approx(interval, rel=1e-6)
+
+
+def test_gradient_norm_is_measured_before_clipping():
+    """With clipping at 1e-3 every step is clipped, yet the hook's norms are the unclipped ones: they equal the norms
+    of a run without clipping at step 0 (same weights, same batch) and exceed the clip threshold."""
+    unclipped, clipped = Recorder(), Recorder()
+    small_run(steps=3, warmup_steps=0, grad_clip=0.0, hooks=[unclipped])
+    small_run(steps=3, warmup_steps=0, grad_clip=1e-3, hooks=[clipped])
+    assert clipped.norms[0] == pytest.approx(unclipped.norms[0], rel=1e-6)
+    assert min(clipped.norms) > 1e-3
+
+
+def test_a_hook_can_stop_the_run():
+    hook = Recorder(stop_at=7)
+    _, _, result = small_run(steps=40, hooks=[hook])
+    assert result["steps_done"] == 7 and hook.steps == list(range(7))
+    assert [h["step"] for h in result["history"]] == [7]  # one evaluation, at the stop
 
 
 def test_measure_decode_time():
@@ -148,7 +211,7 @@ def test_measure_decode_time():
 def test_device_name_on_cpu_is_the_cpu_model_of_proc_cpuinfo():
     from pathlib import Path
 
-    from mha.train import cpu_model, device_name
+    from mha.experiments.machine import cpu_model, device_name
 
     name = device_name(torch.device("cpu"))
     assert name == cpu_model() and name.strip() == name and name

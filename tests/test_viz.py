@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from mha.model import TinyTransformer, TransformerConfig
-from mha.viz import SCALE, attention_explorer
+from mha.experiments.model import TinyTransformer, TransformerConfig
+from mha.experiments.viz import SCALE, attention_explorer
 
 CHROMIUM = "/usr/bin/chromium"
 

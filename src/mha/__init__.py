@@ -1,18 +1,28 @@
 """Multi-Head Attention, Derived: the book's equations in executable form.
 
-Submodules
-----------
+The core (book parts I and II)
+------------------------------
 ``mha.reference``  NumPy float64 reference: softmax, attention, multi-head attention, hand-derived backward,
-                   online-softmax attention (book parts I and II).
+                   online-softmax attention.
 ``mha.attention``  ``MultiHeadAttention``: the PyTorch module (MHA, GQA, MQA; sdpa and naive paths).
 ``mha.kv_cache``   ``KVCache``: a preallocated key/value cache for autoregressive decoding.
 ``mha.counting``   exact parameter, FLOP and memory counts (a forward pass, one cached decoding step).
-``mha.convert``    ``mha_to_gqa``: an MHA layer's parameters pooled to GQA/MQA (Ainslie et al. 2023).
-``mha.model``, ``mha.tasks``, ``mha.train``, ``mha.sweep``, ``mha.bench``: the experiment suite.
-``mha.analysis``   head scores, similarity, importance and pruning for trained models (book part III).
-``mha.viz``        ``attention_explorer``: an interactive attention-map viewer for the static HTML book.
+``mha.convert``    conversions: an MHA layer pooled to GQA/MQA (Ainslie et al. 2023), GQA expanded back to MHA,
+                   our layer's weights into ``torch.nn.MultiheadAttention``.
+
+The experiment harness (book part III)
+--------------------------------------
+``mha.experiments``  run configuration, model, tasks, data, trainer, studies, sweeps, results, analysis,
+                     visualisation, benchmarks (see its docstring).
+
+Earlier names of the harness modules still import: ``mha.model``, ``mha.tasks``, ``mha.train``, ``mha.sweep``,
+``mha.bench``, ``mha.analysis`` and ``mha.viz`` are ``mha.experiments.<name>``, and ``python -m mha.sweep`` and
+``python -m mha.bench`` run the harness's command lines.
 """
 
+import importlib.abc
+import importlib.util
+import sys
 from importlib import import_module
 
 __version__ = "0.1.0"
@@ -21,8 +31,9 @@ _LAZY = {
     "MultiHeadAttention": "mha.attention",
     "KVCache": "mha.kv_cache",
 }
-_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "model", "tasks", "train", "sweep", "bench",
-               "analysis", "viz"}
+_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "experiments"}
+_MOVED = {name: f"mha.experiments.{name}" for name in ("model", "tasks", "train", "sweep", "bench", "analysis",
+                                                        "viz")}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
@@ -31,6 +42,39 @@ def __getattr__(name):
     # Lazy: `import mha` stays cheap (no torch import) until a torch object is asked for.
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name in _MOVED:
         return import_module(f"mha.{name}")
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``mha.<old name>`` -> the module ``mha.experiments.<old name>`` itself (one module object under two names).
+
+    ``python -m mha.sweep`` works too: runpy asks the loader for the code, which is the new module's code.
+    """
+
+    @staticmethod
+    def _target(fullname: str) -> str | None:
+        package, _, name = fullname.partition(".")
+        return _MOVED.get(name) if package == "mha" else None
+
+    def find_spec(self, fullname, path=None, target=None):
+        new_name = self._target(fullname)
+        if new_name is None:
+            return None
+        origin = importlib.util.find_spec(new_name).origin  # the file: ``python -m`` sets __file__ from it
+        return importlib.util.spec_from_loader(fullname, self, origin=origin)
+
+    def create_module(self, spec):
+        return import_module(self._target(spec.name))
+
+    def exec_module(self, module):
+        pass  # already executed under its new name
+
+    def get_code(self, fullname):
+        target = importlib.util.find_spec(self._target(fullname))
+        return target.loader.get_code(target.name)
+
+
+if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())

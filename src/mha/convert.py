@@ -1,4 +1,5 @@
-"""Converting a trained layer's parameters: multi-head attention to grouped-query attention.
+"""Converting a layer's parameters: multi-head attention to grouped-query attention and back, and our layer's
+weights into PyTorch's ``torch.nn.MultiheadAttention``.
 
 Ainslie et al. (2023) build a GQA model from a multi-head checkpoint by mean-pooling, within each group, the key and
 value projection heads, then briefly continue training ("uptraining"). The conversion is a transformation of the
@@ -6,17 +7,22 @@ parameter dict only (the NumPy convention of ``mha.reference``: W_q (d_model, h*
 (d_model, g*head_dim), W_o (h*head_dim, d_model), optional biases); load the result into
 ``mha.MultiHeadAttention(..., n_kv_heads=g)`` with ``load_params`` or pass it to ``mha.reference``.
 
-Book: part II, 'MQA and GQA'.
+``gqa_to_mha`` is the exact inverse direction: every key/value head copied to each query head of its group, so that
+an MHA layer computes the same function with an h / g times larger KV cache (the fair baseline of a GQA/MQA timing).
+``copy_to_torch_mha`` copies a ``mha.MultiHeadAttention``'s weights into ``torch.nn.MultiheadAttention`` (whose
+packed ``in_proj_weight`` is [W_q^T; W_k^T; W_v^T]).
+
+Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-by-side timings).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mha._checks import check_int
+from mha._checks import check_choice, check_int, check_type
 from mha.reference import _check_params
 
-__all__ = ["mha_to_gqa", "METHODS"]
+__all__ = ["mha_to_gqa", "gqa_to_mha", "copy_to_torch_mha", "METHODS"]
 
 METHODS = ("mean", "first")  # mean-pool each group's key/value heads, or keep the group's first head
 
@@ -46,8 +52,7 @@ def mha_to_gqa(params, n_heads, n_kv_heads, method="mean"):
     """
     p, dims = _check_params(params, n_heads)
     n_kv_heads = check_int("n_kv_heads", n_kv_heads)
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_choice("method", method, METHODS)
     if dims.n_heads % n_kv_heads:
         raise ValueError(
             f"n_kv_heads = {n_kv_heads} must divide n_heads = {dims.n_heads} (each key/value head serves "
@@ -75,3 +80,53 @@ def mha_to_gqa(params, n_heads, n_kv_heads, method="mean"):
         pooled = blocks.mean(axis=-2) if method == "mean" else blocks[..., 0, :]  # (.., g, head_dim)
         out[key] = np.ascontiguousarray(pooled.reshape(*lead, n_kv_heads * dims.head_dim))  # (.., g*head_dim)
     return out
+
+
+def gqa_to_mha(params, n_heads):
+    """Params of a GQA/MQA layer -> params of the MHA layer (``n_heads`` key/value heads) computing the same function.
+
+    Query head j of the GQA layer reads key/value head ``j // (h/g)``; the MHA layer gives query head j its own
+    key/value head holding exactly those weights (``W_k``, ``W_v``, ``b_k``, ``b_v`` repeated head by head, each
+    ``h/g`` times in place). ``W_q``, ``W_o``, ``b_q``, ``b_o`` are copied. ``mha_to_gqa`` of the result, with either
+    method, returns the input: the inverse direction.
+
+    Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the decoding section's MHA contender).
+    """
+    p, dims = _check_params(params, n_heads)
+    repeats = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
+    out = {key: value.copy() for key, value in p.items()}
+    for key in ("W_k", "W_v", "b_k", "b_v"):
+        if key not in p:
+            continue
+        lead = p[key].shape[:-1]  # (d_model,) for weights, () for biases
+        heads = p[key].reshape(*lead, dims.n_kv_heads, dims.head_dim)  # (.., g, head_dim)
+        repeated = np.repeat(heads, repeats, axis=-2)  # (.., h, head_dim): head c at c*(h/g) .. (c+1)*(h/g) - 1
+        out[key] = np.ascontiguousarray(repeated.reshape(*lead, dims.n_heads * dims.head_dim))  # (.., h*head_dim)
+    return out
+
+
+def copy_to_torch_mha(ours, theirs) -> None:
+    """Copy a ``mha.MultiHeadAttention`` (MHA, with biases, head_dim = d_model / n_heads) into a
+    ``torch.nn.MultiheadAttention`` of the same size: its packed ``in_proj_weight`` = [W_q^T; W_k^T; W_v^T] and
+    ``in_proj_bias``, ``out_proj`` = our ``o_proj``. The two then compute the same function.
+
+    Book: appendix 'Benchmarks' (ours against PyTorch's module, same weights).
+    """
+    import torch
+
+    from mha.attention import MultiHeadAttention
+
+    check_type("ours", ours, MultiHeadAttention, "a mha.MultiHeadAttention")
+    check_type("theirs", theirs, torch.nn.MultiheadAttention, "a torch.nn.MultiheadAttention")
+    if (ours.n_kv_heads != ours.n_heads or ours.q_proj.bias is None or theirs.in_proj_weight is None
+            or theirs.in_proj_bias is None or theirs.embed_dim != ours.d_model or theirs.num_heads != ours.n_heads
+            or ours.head_dim * ours.n_heads != ours.d_model):
+        raise ValueError(f"copy_to_torch_mha needs an MHA layer with biases and head_dim = d_model / n_heads, and a "
+                         f"torch.nn.MultiheadAttention of the same d_model and n_heads with packed projections and "
+                         f"biases; got ours={ours.extra_repr()}, bias={ours.q_proj.bias is not None}; theirs "
+                         f"embed_dim={theirs.embed_dim}, num_heads={theirs.num_heads}")
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.weight.copy_(ours.o_proj.weight)
+        theirs.out_proj.bias.copy_(ours.o_proj.bias)

@@ -1,0 +1,32 @@
+"""The experiment harness of book part III, built on the core package (:mod:`mha`).
+
+What the experiments need beyond attention itself, one module a job:
+
+``config``    ``RunConfig`` and one subclass per study: every setting a run takes, typed and checked.
+``model``     ``TinyTransformer``: a small decoder-only GPT built on ``mha.MultiHeadAttention``.
+``tasks``     the tasks (two-offset lookup, associative recall, repeated sequences, Tiny Shakespeare).
+``data``      where data sets live; Tiny Shakespeare downloaded once and checked (pooch).
+``train``     the one trainer, with hooks (per-step measurements, step-0 probes, early stop).
+``probes``    what the dynamics study measures while training.
+``studies``   the experiments as functions: one training run, what heads learn, dynamics, the Shakespeare run.
+``sweep``     a study over a grid of settings, one row per run in ``results.csv`` (``python -m mha.sweep``).
+``results``   the committed results, as every part III chapter reads them.
+``analysis``  head scores, similarity, importance and pruning of trained models.
+``viz``       ``attention_explorer``: an interactive attention-map viewer for the static book.
+``bench``     side-by-side benchmarks (``python -m mha.bench``).
+``machine``   what ran: device, CPU or GPU name, threads, seeding.   ``io``: atomic JSON writes, artifact folders.
+"""
+
+from importlib import import_module
+
+MODULES = ("config", "model", "tasks", "data", "train", "probes", "studies", "sweep", "results", "analysis", "viz",
+           "bench", "machine", "io")
+
+__all__ = list(MODULES)
+
+
+def __getattr__(name):
+    # Lazy: importing the harness does not import torch until a module that needs it is asked for.
+    if name in MODULES:
+        return import_module(f"mha.experiments.{name}")
+    raise AttributeError(f"module 'mha.experiments' has no attribute {name!r}")

@@ -1,0 +1,756 @@
+"""Side-by-side benchmarks: ``python -m mha.bench`` (``make bench``) writes ``experiments/benchmarks/<device>.json``.
+
+Book: appendix "Benchmarks" (loads the JSON, shows the tables and plots); part II, "Counting everything" (the FLOP
+counts behind the GFLOP/s section), "Autoregressive decoding and the KV cache" and "MQA and GQA" (the decoding
+section); part I, "From one head to h heads" (the module under test).
+
+Method (one function, :func:`compare`, times every pair). Both contenders are first checked to compute the same
+outputs (``torch.allclose``, recorded as ``max_abs_diff`` and ``outputs_match``), then each runs ``warmup`` untimed
+calls, then the two are *alternated* for ``repeats`` pairs (a then b, b then a, ...), each timing measured with
+``time.perf_counter`` around ``calls`` calls (``torch.cuda.synchronize`` before and after on CUDA; short calls are
+repeated until a timing lasts ``min_time_s``). A pair's ratio is time(a) / time(b) for that pair; the reported
+ratio is the **median of the per-pair ratios** with its interquartile range (IQR). Alternating and taking per-pair
+ratios cancels most of the drift a shared, loaded machine adds: both members of a pair see the same load.
+
+Sections (``--sections``, all by default):
+
+* ``attention``: ``mha.MultiHeadAttention`` (sdpa path) against ``torch.nn.MultiheadAttention`` with the same
+  weights; forward (under ``torch.no_grad``, where torch's module may take its fused "fast path") and
+  forward+backward; with and without a causal mask. Target: ratio ours / torch <= 1.0.
+* ``naive``: the naive path against the sdpa path of the same module: time ratio naive / sdpa and the peak memory
+  of each, beside the analytic size of one attention matrix (``mha.counting.attention_matrix_bytes``).
+* ``decode``: per generated token, a step through the KV cache against recomputing the whole prefix; and GQA (g=2)
+  and MQA (g=1) against MHA, per-token time and cache bytes. The MHA contender is the GQA/MQA model with its
+  key/value heads *copied* to every query head of their group, so both compute the same function.
+* ``train``: training-step throughput (tokens/s) of ``mha.model.TinyTransformer`` against the same model built from
+  ``torch.nn.TransformerEncoderLayer`` (same weights, causal mask). Target: throughput ratio ours / torch >= 1.0.
+* ``gflops``: achieved GFLOP/s of the attention forward (FLOPs from ``mha.counting.flops``) as a fraction of an
+  n x n matrix multiply's GFLOP/s, the two timed alternately in the same run.
+
+Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` minus the memory allocated before the call. On CPU there is
+no allocator statistic, so one call runs under ``torch.profiler.profile(profile_memory=True)`` and the peak is the
+maximum of the running sum of the allocation/free events (bytes above what was allocated before the call; weights
+and inputs excluded). On CUDA the attention sections also run in bfloat16, and every point records which SDPA
+backend ran (by the aten op the profiler saw: flash, efficient, cudnn or math) and which backends can run the point
+alone (``torch.nn.attention.sdpa_kernel([backend])``). The CPU flash kernel is reported as "flash (cpu)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from mha._checks import check_float, check_int
+from mha import counting
+from mha.convert import copy_to_torch_mha
+from mha.attention import MultiHeadAttention
+from mha.experiments.model import TinyTransformer, TransformerConfig, expand_kv_heads
+from mha.experiments.io import save_json
+from mha.experiments.machine import cpu_model, device_name, resolve_device
+
+__all__ = ["BenchConfig", "QUICK", "ScriptedClock", "compare", "peak_memory_bytes", "sdpa_backend_used", "sdpa_backends_runnable",
+           "TorchTransformer", "device_info", "run", "main", "SECTIONS"]
+
+SECTIONS = ("attention", "naive", "decode", "train", "gflops")
+SCHEMA_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    repeats: int = 11  # timed pairs per point (the median of the per-pair ratios is reported)
+    warmup: int = 2  # untimed calls of each contender before the timed pairs (after the output check's call)
+    min_time_s: float = 0.02  # a timing repeats a call until it lasts this long (0: one call per timing)
+    seed: int = 0  # seeds the weights and inputs
+    # attention (ours vs torch.nn.MultiheadAttention), naive (naive vs sdpa) and gflops sections
+    batch: int = 8  # N
+    n_heads: int = 8  # h
+    seq_lens: tuple[int, ...] = (128, 512, 1024)  # L (self-attention, L_q = L_kv)
+    d_models: tuple[int, ...] = (256, 512)  # d_model
+    naive_seq_lens: tuple[int, ...] = (128, 512, 1024)  # L for the naive-vs-sdpa section
+    naive_d_model: int = 256  # d_model for the naive-vs-sdpa section
+    matmul_size: int = 2048  # n of the n x n float matmul the gflops section compares against
+    # decode section (a TinyTransformer decoding through its KV cache)
+    decode_batch: int = 4  # sequences decoded together
+    decode_contexts: tuple[int, ...] = (128, 256, 512, 1024, 2048)  # positions already in the context
+    decode_d_model: int = 256  # d_model of the decoding model
+    decode_n_layers: int = 2  # layers of the decoding model
+    decode_kv_heads: tuple[int, ...] = (2, 1)  # g for the GQA/MQA contenders (MHA has g = n_heads)
+    # train section (TinyTransformer vs a model built from nn.TransformerEncoderLayer)
+    train_batch: int = 8  # sequences per step
+    train_block_size: int = 256  # sequence length
+    train_n_layers: int = 4  # transformer blocks
+    train_d_model: int = 256  # d_model
+    train_vocab_size: int = 65  # tokens (Tiny Shakespeare's 65 characters)
+    train_lr: float = 1e-3  # AdamW learning rate (the value does not change the step's cost)
+
+
+QUICK = BenchConfig(repeats=2, warmup=1, min_time_s=0.0, batch=2, n_heads=4, seq_lens=(16, 32), d_models=(32,),
+                    naive_seq_lens=(16, 32), naive_d_model=32, matmul_size=64, decode_batch=1,
+                    decode_contexts=(8, 16), decode_d_model=32, decode_n_layers=1, train_batch=2,
+                    train_block_size=16, train_n_layers=1, train_d_model=32, train_vocab_size=16)
+
+# (rtol, atol) for "the two contenders computed the same outputs"
+TOLERANCES = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (3e-2, 3e-2), torch.float16: (1e-2, 1e-2)}
+
+# aten op recorded by the profiler -> SDPA backend
+_BACKEND_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+
+
+# ------------------------------------------------------------------------------------------------ timing core
+def _quartiles(values) -> tuple[float, float, float]:
+    q1, median, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(q1), float(median), float(q3)
+
+
+def _summary(values) -> dict:
+    """median, q1, q3 (and the IQR q3 - q1) of a list of numbers."""
+    q1, median, q3 = _quartiles(values)
+    return dict(median=median, q1=q1, q3=q3, iqr=q3 - q1)
+
+
+def _synchronize(device) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ScriptedClock:
+    """A clock that moves only when a contender runs, each call adding the contender's next scripted cost: it
+    shows what :func:`compare` does with given timings (book: appendix "Benchmarks"; tests/test_bench.py)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.log = []  # the contenders' names, in the order they ran
+
+    def __call__(self) -> float:
+        return self.now
+
+    def contender(self, costs, name: str = "") -> callable:
+        """A contender whose k-th call costs ``costs[k]`` seconds of this clock."""
+        costs = iter(costs)
+
+        def fn():
+            self.log.append(name)
+            self.now += next(costs)
+
+        return fn
+
+
+def compare(fn_a, fn_b, repeats: int, warmup: int = 1, min_time_s: float = 0.0, device=None,
+            clock=None, max_calls: int = 10_000) -> dict:
+    """Time ``fn_a`` against ``fn_b`` side by side; return the median per-pair ratio time(a) / time(b).
+
+    Each contender first runs ``warmup`` (>= 1) untimed calls; the slower contender's last one sets how many calls
+    every timing makes, the same for both (enough for the slower one to last ``min_time_s``, at most ``max_calls``).
+    Then ``repeats`` pairs are timed, alternating the order (a, b), (b, a), (a, b), ... so neither contender always
+    runs first. Each timing is ``clock()`` around its calls, with ``torch.cuda.synchronize`` before and after on
+    CUDA, divided by the number of calls. The default clock is ``torch.utils.benchmark``'s timer (wall time, which
+    itself waits for queued CUDA work).
+
+    Returns a dict: ``ratio`` (median of the per-pair ratios a / b), ``ratio_q1``, ``ratio_q3``, ``ratio_iqr``;
+    ``a_s`` and ``b_s`` (median seconds per call) with their quartiles (``a_q1_s``, ...); ``calls_a``, ``calls_b``,
+    ``repeats``, ``warmup``; and the raw per-pair times ``pairs_a_s``, ``pairs_b_s``.
+    """
+    for name, value in (("repeats", repeats), ("warmup", warmup), ("max_calls", max_calls)):
+        check_int(name, value)
+    min_time_s = check_float("min_time_s", min_time_s, minimum=0.0)
+    if clock is None:
+        from torch.utils.benchmark.utils.timer import timer as clock  # perf_counter, CUDA-synchronised
+
+    def timed(fn, calls):
+        _synchronize(device)
+        start = clock()
+        for _ in range(calls):
+            fn()
+        _synchronize(device)
+        return (clock() - start) / calls
+
+    for _ in range(warmup):
+        warm_a, warm_b = timed(fn_a, 1), timed(fn_b, 1)
+    slower = max(warm_a, warm_b)  # both contenders make the same number of calls per timing
+    calls = 1 if min_time_s == 0 or slower >= min_time_s else min(max_calls, math.ceil(min_time_s / max(slower, 1e-9)))
+    calls_a = calls_b = calls
+    times_a, times_b = [], []
+    for r in range(repeats):
+        if r % 2 == 0:
+            time_a = timed(fn_a, calls_a)
+            time_b = timed(fn_b, calls_b)
+        else:
+            time_b = timed(fn_b, calls_b)
+            time_a = timed(fn_a, calls_a)
+        times_a.append(time_a)
+        times_b.append(time_b)
+    ratio = _summary([a / b for a, b in zip(times_a, times_b)])
+    a, b = _summary(times_a), _summary(times_b)
+    return dict(ratio=ratio["median"], ratio_q1=ratio["q1"], ratio_q3=ratio["q3"], ratio_iqr=ratio["iqr"],
+                a_s=a["median"], a_q1_s=a["q1"], a_q3_s=a["q3"], b_s=b["median"], b_q1_s=b["q1"], b_q3_s=b["q3"],
+                calls_a=calls_a, calls_b=calls_b, repeats=repeats, warmup=warmup,
+                pairs_a_s=times_a, pairs_b_s=times_b)
+
+
+def _timing(cfg: BenchConfig, fn_a, fn_b, device) -> dict:
+    return compare(fn_a, fn_b, repeats=cfg.repeats, warmup=cfg.warmup, min_time_s=cfg.min_time_s, device=device)
+
+
+# ------------------------------------------------------------------------------------------------ memory, backends
+def peak_memory_bytes(fn, device) -> int | None:
+    """Peak bytes allocated by one call of ``fn`` above what was allocated before it (None if unmeasurable).
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus ``memory_allocated`` before.
+    CPU: the maximum of the running sum of the profiler's allocation/free events during the call
+    (``torch.profiler.profile(profile_memory=True)``; read from the profiler's kineto events). The profiler records
+    no free of a block allocated before it started, so memory released by the call (e.g. old gradients) is not
+    credited: the result is the peak of the memory the call itself allocated.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    except AttributeError:  # the profiler's internals moved: report "not measured" rather than a wrong number
+        return None
+    running = peak = 0
+    for _, nbytes in sorted(events):
+        running += nbytes
+        peak = max(peak, running)
+    return int(peak)
+
+
+def sdpa_backend_used(fn) -> str | None:
+    """Which SDPA backend one call of ``fn`` ran, from the aten op the profiler recorded (None: no SDPA op)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = {event.name for event in prof.events()}
+    found = [backend for op, backend in _BACKEND_OPS.items() if op in names]
+    return ", ".join(found) if found else None
+
+
+def sdpa_backends_runnable(fn) -> list[str]:
+    """The SDPA backends that can run ``fn`` when each is the only one allowed (``sdpa_kernel([backend])``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    runnable = []
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # each refusal warns why; the list is the answer
+                with sdpa_kernel([backend]):
+                    fn()
+        except RuntimeError:
+            continue
+        runnable.append(name.removesuffix("_ATTENTION").lower())
+    return runnable
+
+
+def _match(a: torch.Tensor, b: torch.Tensor) -> tuple[float, bool]:
+    """(max |a - b|, allclose at the dtype's tolerance); atol scales with max |b| when that exceeds 1 (gradients
+    summed over many positions are large, and a low-precision dtype's error grows with them)."""
+    rtol, atol = TOLERANCES.get(a.dtype, TOLERANCES[torch.float32])
+    a, b = a.detach().float(), b.detach().float()
+    atol = atol * max(1.0, float(b.abs().max()))
+    return float((a - b).abs().max()), bool(torch.allclose(a, b, rtol=rtol, atol=atol))
+
+
+def _match_all(pairs) -> dict:
+    """max_abs_diff and outputs_match over several (ours, theirs) tensor pairs."""
+    results = [_match(a, b) for a, b in pairs]
+    return dict(max_abs_diff=max(r[0] for r in results), outputs_match=all(r[1] for r in results))
+
+
+# ------------------------------------------------------------------------------------------------ contenders
+class TorchTransformer(nn.Module):
+    """``TinyTransformer``'s architecture built from ``nn.TransformerEncoderLayer`` (the train section's baseline).
+
+    Pre-LayerNorm (``norm_first=True``), GELU, dim_feedforward = mlp_ratio * d_model, batch_first, causal mask,
+    token + position embeddings, final LayerNorm and a head tied to the token embedding. ``from_tiny`` copies a
+    TinyTransformer's weights so the two compute the same logits.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if config.n_kv_heads not in (None, config.n_heads) or config.head_dim not in (None, config.d_model
+                                                                                       // config.n_heads):
+            raise ValueError("TorchTransformer supports MHA with head_dim = d_model // n_heads only, got "
+                             f"n_kv_heads={config.n_kv_heads}, head_dim={config.head_dim}")
+        if config.attention_only or not config.bias or not config.scale_scores:
+            raise ValueError("TorchTransformer needs attention_only=False, bias=True and scale_scores=True")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.blocks = nn.ModuleList([
+            nn.TransformerEncoderLayer(config.d_model, config.n_heads,
+                                       dim_feedforward=config.mlp_ratio * config.d_model, dropout=config.dropout,
+                                       activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(config.n_layers)])
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.tok_emb.weight = self.lm_head.weight  # tied, as TinyTransformer
+
+    @classmethod
+    def from_tiny(cls, tiny: TinyTransformer) -> "TorchTransformer":
+        model = cls(tiny.config).to(device=tiny.lm_head.weight.device, dtype=tiny.lm_head.weight.dtype)
+        with torch.no_grad():
+            model.lm_head.weight.copy_(tiny.lm_head.weight)
+            model.pos_emb.weight.copy_(tiny.pos_emb.weight)
+            model.ln_f.load_state_dict(tiny.ln_f.state_dict())
+            for theirs, ours in zip(model.blocks, tiny.blocks):
+                copy_to_torch_mha(ours.attn, theirs.self_attn)
+                theirs.norm1.load_state_dict(ours.ln_1.state_dict())
+                theirs.norm2.load_state_dict(ours.ln_2.state_dict())
+                theirs.linear1.load_state_dict(ours.mlp.c_fc.state_dict())
+                theirs.linear2.load_state_dict(ours.mlp.c_proj.state_dict())
+        return model
+
+    def forward(self, idx, targets=None):
+        """(logits (N, L, vocab_size), mean cross-entropy loss or None), as ``TinyTransformer`` without extras."""
+        length = idx.shape[1]
+        positions = torch.arange(length, device=idx.device)  # (L,)
+        x = self.tok_emb(idx) + self.pos_emb(positions)  # (N, L, d_model)
+        causal = nn.Transformer.generate_square_subsequent_mask(length, device=idx.device, dtype=x.dtype)  # (L, L)
+        for block in self.blocks:
+            x = block(x, src_mask=causal, is_causal=True)  # (N, L, d_model)
+        logits = self.lm_head(self.ln_f(x))  # (N, L, vocab_size)
+        loss = None
+        if targets is not None:
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def _rewind(caches, length: int) -> None:
+    """Forget every cached position after the first ``length`` (the buffers keep them; only the prefix is read)."""
+    for cache in caches:
+        cache.length = length
+
+
+# ------------------------------------------------------------------------------------------------ sections
+def _dtypes(device: torch.device) -> list[torch.dtype]:
+    return [torch.float32, torch.bfloat16] if device.type == "cuda" else [torch.float32]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _attention_inputs(cfg, device, dtype, d_model, seq_len, generator):
+    x = torch.randn(cfg.batch, seq_len, d_model, generator=generator).to(device=device, dtype=dtype)
+    grad_out = torch.randn(cfg.batch, seq_len, d_model, generator=generator).to(device=device, dtype=dtype)
+    return x, grad_out
+
+
+def _forward_backward(module, x, grad_out, call):
+    """One forward + backward of ``call(module, x)``; gradients reset first (no accumulation cost)."""
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    out = call(module, x)
+    out.backward(grad_out)
+    return out
+
+
+def section_attention(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """``mha.MultiHeadAttention`` (sdpa) vs ``torch.nn.MultiheadAttention``; ratio = ours / torch (target <= 1)."""
+    points_spec = [(dtype, d_model, seq_len, causal, mode) for dtype in _dtypes(device) for d_model in cfg.d_models
+                   for seq_len in cfg.seq_lens for causal in (False, True) for mode in ("forward", "forward_backward")]
+    points, backend_cache, runnable_cache = [], {}, {}
+    for dtype, d_model, seq_len, causal, mode in tqdm(points_spec, desc="attention", disable=not progress):
+        generator = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        ours = MultiHeadAttention(d_model, cfg.n_heads).to(device=device, dtype=dtype).eval()
+        theirs = nn.MultiheadAttention(d_model, cfg.n_heads, batch_first=True).to(device=device, dtype=dtype).eval()
+        copy_to_torch_mha(ours, theirs)
+        x, grad_out = _attention_inputs(cfg, device, dtype, d_model, seq_len, generator)
+        causal_mask = nn.Transformer.generate_square_subsequent_mask(seq_len, device=device, dtype=dtype)
+
+        def call_ours(module, inp):
+            return module(inp, is_causal=causal)[0]
+
+        def call_theirs(module, inp):
+            if causal:  # torch's module needs the mask itself and takes is_causal as a hint that it is causal
+                return module(inp, inp, inp, attn_mask=causal_mask, is_causal=True, need_weights=False)[0]
+            return module(inp, inp, inp, need_weights=False)[0]
+
+        if mode == "forward":
+            def fn_ours():
+                with torch.no_grad():
+                    return call_ours(ours, x)
+
+            def fn_theirs():
+                with torch.no_grad():
+                    return call_theirs(theirs, x)
+
+            check = _match_all([(fn_ours(), fn_theirs())])
+        else:
+            x.requires_grad_(True)
+
+            def fn_ours():
+                return _forward_backward(ours, x, grad_out, call_ours)
+
+            def fn_theirs():
+                return _forward_backward(theirs, x, grad_out, call_theirs)
+
+            out_ours = fn_ours().detach()
+            grads_ours = (x.grad.clone(), ours.q_proj.weight.grad.clone(), ours.o_proj.weight.grad.clone())
+            out_theirs = fn_theirs().detach()
+            grads_theirs = (x.grad.clone(), theirs.in_proj_weight.grad[:d_model].clone(),
+                            theirs.out_proj.weight.grad.clone())
+            check = _match_all([(out_ours, out_theirs), *zip(grads_ours, grads_theirs)])
+
+        with torch.no_grad():  # backends depend on dtype, shapes and mask, not on the mode: probe each once
+            if (dtype, d_model, seq_len, causal) not in backend_cache:
+                backend_cache[(dtype, d_model, seq_len, causal)] = sdpa_backend_used(lambda: call_ours(ours, x))
+            if (dtype, d_model, causal) not in runnable_cache:
+                runnable_cache[(dtype, d_model, causal)] = sdpa_backends_runnable(lambda: call_ours(ours, x))
+        backend = backend_cache[(dtype, d_model, seq_len, causal)]
+        timing = _timing(cfg, fn_ours, fn_theirs, device)
+        points.append(dict(dtype=_dtype_name(dtype), batch=cfg.batch, seq_len=seq_len, d_model=d_model,
+                           n_heads=cfg.n_heads, causal=causal, mode=mode, **check, sdpa_backend=backend,
+                           sdpa_backends_runnable=runnable_cache[(dtype, d_model, causal)], **timing,
+                           target_met=bool(timing["ratio"] <= 1.0)))
+    return dict(description="mha.MultiHeadAttention (sdpa path) vs torch.nn.MultiheadAttention, same weights; "
+                            "ratio = time(ours) / time(torch); forward runs under torch.no_grad",
+                a="mha.MultiHeadAttention (sdpa)", b="torch.nn.MultiheadAttention", target="ratio <= 1.0",
+                points=points)
+
+
+def section_naive(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """The naive path vs the sdpa path of ``MultiHeadAttention`` (same weights): time ratio naive / sdpa, memory."""
+    points_spec = [(dtype, seq_len, causal, mode) for dtype in _dtypes(device) for seq_len in cfg.naive_seq_lens
+                   for causal in (False, True) for mode in ("forward", "forward_backward")]
+    d_model, points = cfg.naive_d_model, []
+    for dtype, seq_len, causal, mode in tqdm(points_spec, desc="naive", disable=not progress):
+        generator = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        sdpa = MultiHeadAttention(d_model, cfg.n_heads, impl="sdpa").to(device=device, dtype=dtype).eval()
+        naive = MultiHeadAttention(d_model, cfg.n_heads, impl="naive").to(device=device, dtype=dtype).eval()
+        naive.load_state_dict(sdpa.state_dict())
+        x, grad_out = _attention_inputs(cfg, device, dtype, d_model, seq_len, generator)
+
+        def call(module, inp):
+            return module(inp, is_causal=causal)[0]
+
+        if mode == "forward":
+            def fn_naive():
+                with torch.no_grad():
+                    return call(naive, x)
+
+            def fn_sdpa():
+                with torch.no_grad():
+                    return call(sdpa, x)
+
+            check = _match_all([(fn_naive(), fn_sdpa())])
+        else:
+            x.requires_grad_(True)
+
+            def fn_naive():
+                return _forward_backward(naive, x, grad_out, call)
+
+            def fn_sdpa():
+                return _forward_backward(sdpa, x, grad_out, call)
+
+            out_naive = fn_naive().detach()
+            grads_naive = [x.grad.clone()] + [p.grad.clone() for p in naive.parameters()]
+            out_sdpa = fn_sdpa().detach()
+            grads_sdpa = [x.grad.clone()] + [p.grad.clone() for p in sdpa.parameters()]
+            check = _match_all([(out_naive, out_sdpa), *zip(grads_naive, grads_sdpa)])
+
+        memory_naive, memory_sdpa = peak_memory_bytes(fn_naive, device), peak_memory_bytes(fn_sdpa, device)
+        timing = _timing(cfg, fn_naive, fn_sdpa, device)
+        points.append(dict(dtype=_dtype_name(dtype), batch=cfg.batch, seq_len=seq_len, d_model=d_model,
+                           n_heads=cfg.n_heads, causal=causal, mode=mode, **check, **timing,
+                           peak_bytes_naive=memory_naive, peak_bytes_sdpa=memory_sdpa,
+                           attention_matrix_bytes=counting.attention_matrix_bytes(
+                               cfg.batch, seq_len, seq_len, cfg.n_heads, torch.finfo(dtype).bits // 8)))
+    return dict(description="MultiHeadAttention impl='naive' vs impl='sdpa', same weights; ratio = time(naive) / "
+                            "time(sdpa); peak_bytes_* = peak memory of one call above what was allocated before it",
+                a="naive", b="sdpa", target=None,
+                memory_method="torch.cuda.max_memory_allocated" if device.type == "cuda" else
+                "max running sum of torch.profiler allocation events (profile_memory=True)",
+                points=points)
+
+
+def _decode_model(cfg: BenchConfig, device, n_kv_heads=None) -> TinyTransformer:
+    torch.manual_seed(cfg.seed)
+    config = TransformerConfig(vocab_size=65, block_size=max(cfg.decode_contexts), n_layers=cfg.decode_n_layers,
+                               d_model=cfg.decode_d_model, n_heads=cfg.n_heads, n_kv_heads=n_kv_heads)
+    return TinyTransformer(config).to(device).eval()
+
+
+def _cached_step(model, ids, context):
+    """A callable: the step that decodes position ``context - 1`` through a cache holding the first context - 1."""
+    caches = model.make_kv_caches(ids.shape[0], context)
+    with torch.no_grad():
+        model(ids[:, :context - 1], kv_caches=caches)  # prefill, not timed
+
+    def step():
+        _rewind(caches, context - 1)
+        with torch.no_grad():
+            return model(ids[:, context - 1:context], kv_caches=caches)[0][:, -1]  # (N, vocab_size)
+
+    return step, caches
+
+
+def section_decode(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """Per-token decoding: KV cache vs recomputing the prefix; GQA/MQA vs MHA (per-token time, cache bytes)."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(65, (cfg.decode_batch, max(cfg.decode_contexts)), generator=generator).to(device)
+    mha_model = _decode_model(cfg, device)
+    total = len(cfg.decode_contexts) * (1 + len(cfg.decode_kv_heads))
+    bar = tqdm(total=total, desc="decode", disable=not progress)
+    cache_points = []
+    for context in cfg.decode_contexts:
+        step, _ = _cached_step(mha_model, ids, context)
+
+        def recompute(context=context):
+            with torch.no_grad():
+                return mha_model(ids[:, :context])[0][:, -1]  # (N, vocab_size)
+
+        check = _match_all([(step(), recompute())])
+        cache_points.append(dict(context=context, **check, **_timing(cfg, step, recompute, device)))
+        bar.update()
+    gqa_points = []
+    for g in cfg.decode_kv_heads:
+        grouped = _decode_model(cfg, device, n_kv_heads=g)
+        expanded = expand_kv_heads(grouped)
+        for context in cfg.decode_contexts:
+            step_grouped, caches_grouped = _cached_step(grouped, ids, context)
+            step_mha, caches_mha = _cached_step(expanded, ids, context)
+            check = _match_all([(step_grouped(), step_mha())])
+            bytes_grouped = sum(cache.nbytes for cache in caches_grouped)
+            bytes_mha = sum(cache.nbytes for cache in caches_mha)
+            element = mha_model.lm_head.weight.element_size()
+            counted = grouped.kv_cache_bytes(cfg.decode_batch, context, element)  # mha.counting.kv_cache_bytes
+            if bytes_grouped != counted:
+                raise RuntimeError(f"KV cache holds {bytes_grouped} bytes but mha.counting says {counted}")
+            gqa_points.append(dict(n_kv_heads=g, variant="MQA" if g == 1 else f"GQA (g={g})", context=context,
+                                   **check, cache_bytes=bytes_grouped, cache_bytes_mha=bytes_mha,
+                                   **_timing(cfg, step_grouped, step_mha, device)))
+            bar.update()
+    bar.close()
+    return dict(description="per generated token (batch of decode_batch sequences, all layers): a step through the "
+                            "KV cache vs recomputing the whole prefix (ratio = cached / recompute); GQA/MQA vs MHA "
+                            "with copied key/value heads (ratio = grouped / MHA)",
+                model=asdict(mha_model.config), batch=cfg.decode_batch,
+                cache_vs_recompute=dict(a="KV cache step", b="recompute the prefix", points=cache_points),
+                grouped_vs_mha=dict(a="GQA/MQA step", b="MHA step (key/value heads copied)", points=gqa_points))
+
+
+def section_train(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """Training-step throughput: TinyTransformer vs the same model from nn.TransformerEncoderLayer (target >= 1)."""
+    torch.manual_seed(cfg.seed)
+    config = TransformerConfig(vocab_size=cfg.train_vocab_size, block_size=cfg.train_block_size,
+                               n_layers=cfg.train_n_layers, d_model=cfg.train_d_model, n_heads=cfg.n_heads)
+    ours = TinyTransformer(config).to(device).train()
+    theirs = TorchTransformer.from_tiny(ours).train()
+    generator = torch.Generator().manual_seed(cfg.seed)
+    shape = (cfg.train_batch, cfg.train_block_size)
+    x = torch.randint(cfg.train_vocab_size, shape, generator=generator).to(device)
+    y = torch.randint(cfg.train_vocab_size, shape, generator=generator).to(device)
+    with torch.no_grad():
+        logits_ours, loss_ours, _ = ours(x, y)
+        logits_theirs, loss_theirs = theirs(x, y)
+    check = _match_all([(logits_ours, logits_theirs), (loss_ours, loss_theirs)])
+    optimizers = [torch.optim.AdamW(model.parameters(), lr=cfg.train_lr) for model in (ours, theirs)]
+
+    def training_step(model, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(x, y)[1]
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    bar = tqdm(total=1, desc="train", disable=not progress)
+    timing = _timing(cfg, lambda: training_step(ours, optimizers[0]), lambda: training_step(theirs, optimizers[1]),
+                     device)
+    bar.update()
+    bar.close()
+    tokens = cfg.train_batch * cfg.train_block_size
+    throughput = _summary([b / a for a, b in zip(timing["pairs_a_s"], timing["pairs_b_s"])])
+    point = dict(**check, tokens_per_step=tokens, tokens_per_s_ours=tokens / timing["a_s"],
+                 tokens_per_s_torch=tokens / timing["b_s"], throughput_ratio=throughput["median"],
+                 throughput_ratio_q1=throughput["q1"], throughput_ratio_q3=throughput["q3"], **timing,
+                 target_met=bool(throughput["median"] >= 1.0))
+    return dict(description="one AdamW training step (forward, loss, backward, step); throughput_ratio = "
+                            "tokens/s(ours) / tokens/s(torch) = median per-pair time(torch) / time(ours)",
+                a="TinyTransformer", b="nn.TransformerEncoderLayer model", target="throughput_ratio >= 1.0",
+                model=asdict(config), batch=cfg.train_batch, points=[point])
+
+
+def section_gflops(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """Achieved GFLOP/s of the attention forward as a fraction of an n x n matmul's, timed alternately."""
+    points_spec = [(dtype, d_model, seq_len) for dtype in _dtypes(device) for d_model in cfg.d_models
+                   for seq_len in cfg.seq_lens]
+    n = cfg.matmul_size
+    points = []
+    for dtype, d_model, seq_len in tqdm(points_spec, desc="gflops", disable=not progress):
+        generator = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        module = MultiHeadAttention(d_model, cfg.n_heads).to(device=device, dtype=dtype).eval()
+        x, _ = _attention_inputs(cfg, device, dtype, d_model, seq_len, generator)
+        a = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+        b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+
+        def attention():
+            with torch.no_grad():
+                return module(x)[0]
+
+        def matmul():
+            return a @ b
+
+        flops_attention = counting.flops(cfg.batch, seq_len, seq_len, d_model, cfg.n_heads)["total"]
+        flops_matmul = 2 * n ** 3
+        timing = _timing(cfg, attention, matmul, device)
+        fraction = _summary([(flops_attention / ta) / (flops_matmul / tb)
+                             for ta, tb in zip(timing["pairs_a_s"], timing["pairs_b_s"])])
+        points.append(dict(dtype=_dtype_name(dtype), batch=cfg.batch, seq_len=seq_len, d_model=d_model,
+                           n_heads=cfg.n_heads, flops_attention=flops_attention, flops_matmul=flops_matmul,
+                           gflops_attention=flops_attention / timing["a_s"] / 1e9,
+                           gflops_matmul=flops_matmul / timing["b_s"] / 1e9, fraction=fraction["median"],
+                           fraction_q1=fraction["q1"], fraction_q3=fraction["q3"], **timing))
+    return dict(description="attention forward (no mask, torch.no_grad) GFLOP/s, FLOPs = mha.counting.flops(...)"
+                            "['total'], as a fraction of an n x n matmul's GFLOP/s in the same dtype",
+                a="attention forward", b=f"{n} x {n} matmul", matmul_size=n, target=None, points=points)
+
+
+SECTION_FUNCTIONS = dict(attention=section_attention, naive=section_naive, decode=section_decode,
+                         train=section_train, gflops=section_gflops)
+
+
+# ------------------------------------------------------------------------------------------------ metadata, CLI
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def device_info(device: torch.device) -> dict:
+    """type, name (GPU name, or the CPU model from /proc/cpuinfo), slug (for the file name), cpu model."""
+    name = device_name(device)
+    return dict(type=device.type, name=name, slug=f"{device.type}-{_slug(name)}", cpu=cpu_model(),
+                cpu_count=os.cpu_count())
+
+
+def _git(*args) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _dirty_modules() -> list[str] | None:
+    """The loaded ``mha`` source files that differ from the commit (the benchmarked code is then not the commit's)."""
+    paths = sorted({str(Path(module.__file__).resolve().relative_to(REPO_ROOT)) for name, module in sys.modules.items()
+                    if name.split(".")[0] == "mha" and getattr(module, "__file__", None)
+                    and Path(module.__file__).resolve().is_relative_to(REPO_ROOT)})
+    status = _git("status", "--porcelain", "--", *paths)
+    return None if status is None else [line.split(maxsplit=1)[-1] for line in status.splitlines()]
+
+
+def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = True, note: str | None = None,
+        quick: bool = False) -> dict:
+    """Run the chosen sections and return the JSON-ready results dict (see the module docstring)."""
+    unknown = [s for s in sections if s not in SECTION_FUNCTIONS]
+    if unknown:
+        raise ValueError(f"unknown sections {unknown}; expected some of {list(SECTIONS)}")
+    device = resolve_device(device)
+    start = time.perf_counter()
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    results = dict(
+        schema_version=SCHEMA_VERSION, device=device_info(device), torch_version=torch.__version__,
+        python_version=platform.python_version(), num_threads=torch.get_num_threads(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        git_commit=_git("rev-parse", "HEAD"), git_dirty_files=_dirty_modules(),
+        quick=quick, note=note, load_average_start=load_start, config=asdict(cfg),
+        method=("per point: outputs compared (allclose), warmup untimed calls of each contender, then `repeats` "
+                "timed pairs alternating the order (a, b), (b, a), ...; ratio = median over pairs of "
+                "time(a) / time(b), with its quartiles; times are seconds per call (medians)"),
+        sections={})
+    if device.type == "cuda":
+        results["cuda"] = dict(cuda_version=torch.version.cuda, cudnn_version=torch.backends.cudnn.version(),
+                               allow_tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+                               float32_matmul_precision=torch.get_float32_matmul_precision())
+    else:
+        results["cuda_note"] = ("CPU run: no bfloat16 points and no CUDA SDPA backends; on a CUDA machine the same "
+                                "command adds bfloat16 and reports flash / efficient / cudnn / math.")
+    for name in sections:
+        section_start = time.perf_counter()
+        results["sections"][name] = SECTION_FUNCTIONS[name](cfg, device, progress=progress)
+        results["sections"][name]["elapsed_s"] = time.perf_counter() - section_start
+    results["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    results["total_s"] = time.perf_counter() - start
+    return results
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m mha.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run: tiny sizes, 2 repeats")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--out", default=None, help="JSON path (default: experiments/benchmarks/<device>.json; "
+                                                    "with --quick, _build/bench/<device>-quick.json)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed pairs per point")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per contender before timing")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--note", default=None, help="a remark stored in the JSON (e.g. 'machine was loaded')")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> Path:
+    args = _parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    cfg = QUICK if args.quick else BenchConfig()
+    overrides = {name: getattr(args, name) for name in ("repeats", "warmup") if getattr(args, name) is not None}
+    for name, value in overrides.items():
+        if value < 1:
+            raise SystemExit(f"--{name} must be >= 1, got {value}")
+    cfg = replace(cfg, **overrides)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    results = run(cfg, sections=sections, device=args.device, progress=not args.no_progress, note=args.note,
+                  quick=args.quick)
+    slug = results["device"]["slug"]
+    if args.out is not None:
+        out = Path(args.out)
+    elif args.quick:
+        out = REPO_ROOT / "_build" / "bench" / f"{slug}-quick.json"
+    else:
+        out = REPO_ROOT / "experiments" / "benchmarks" / f"{slug}.json"
+    save_json(results, out)
+    print(f"wrote {out} ({results['total_s']:.1f} s, {results['num_threads']} threads, {results['device']['name']})")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

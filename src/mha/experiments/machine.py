@@ -1,0 +1,88 @@
+"""What ran, and how: device choice, the CPU or GPU name, thread counts and seeding.
+
+Book: part III (every chapter records the machine beside its results). Runs are bit-for-bit reproducible on one
+CPU model with one thread count (and one torch build); :func:`machine_info` records both with every run, so a
+result can be traced to the machine that made it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mha._checks import check_int
+
+__all__ = ["seed_everything", "resolve_device", "cpu_model", "device_name", "set_threads", "synchronize",
+           "machine_info"]
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""The environment variables that size the CPU thread pools (read when torch starts)."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy and torch (all devices)."""
+    seed = check_int("seed", seed, minimum=0)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """"auto" -> CUDA when available, else CPU; any other string is passed to ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'auto', 'cpu' or 'cuda:0', got {type(device).__name__}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device must be 'auto' or a torch device string ('cpu', 'cuda', 'cuda:1'), got "
+                         f"{device!r}") from error
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows, else "unknown"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """What ran: the GPU's name on CUDA (e.g. "NVIDIA H100 80GB HBM3"), else the CPU's model (:func:`cpu_model`)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def set_threads(threads: int) -> int:
+    """Use ``threads`` CPU threads in torch (and tell OpenMP/MKL, for libraries started after this call)."""
+    threads = check_int("threads", threads)
+    for variable in THREAD_VARIABLES:
+        os.environ[variable] = str(threads)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on CPU. Timings are taken between two of these."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def machine_info(device: torch.device) -> dict:
+    """The fields every results row records about the machine: device, its name, the CPU model, torch's thread
+    count, torch and Python versions."""
+    return dict(device=device.type, device_name=device_name(device), cpu_model=cpu_model(),
+                num_threads=torch.get_num_threads(), torch_version=torch.__version__,
+                python_version=platform.python_version())

@@ -1,0 +1,191 @@
+"""Measurements taken while a model trains: score statistics, attention entropy, the loss on each half of a repeated
+sequence, induction and previous-token scores, head ablations and loss spikes.
+
+Book: part III, "Induction heads" (the loss on the first copy and on the repeat, induction scores over training,
+head ablations) and "The scaling ablation" (per-step gradient norms, loss spikes, pre-softmax score statistics
+against part I's variance prediction, attention entropy).
+
+:class:`DynamicsProbe` is a :class:`~mha.experiments.train.Hook`: it records every step's loss and gradient norm and
+probes the model at step 0 and at every evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mha.experiments.analysis import induction_score, previous_token_score
+from mha.experiments.model import TinyTransformer
+from mha.experiments.tasks import RepeatedSequence
+from mha.experiments.train import Hook
+
+__all__ = ["split_losses", "attention_probe", "head_ablations", "count_spikes", "DynamicsProbe"]
+
+
+@torch.no_grad()
+def split_losses(model: TinyTransformer, batches) -> dict:
+    """Mean loss and accuracy on the first copy and on the repeat of ``(x, y, repeat_mask)`` batches.
+
+    Returns loss_first, acc_first, loss_repeat, acc_repeat (means over positions, pooled across batches).
+    """
+    sums = {"first": [0.0, 0.0, 0], "repeat": [0.0, 0.0, 0]}  # loss sum, correct count, positions
+    was_training = model.training
+    model.eval()
+    for x, y, rep in batches:
+        logits, _, _ = model(x)  # (N, L, V)
+        losses = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (N, L)
+        correct = logits.argmax(dim=-1) == y  # (N, L)
+        for part, mask in (("first", ~rep), ("repeat", rep)):
+            sums[part][0] += losses[mask].sum().item()
+            sums[part][1] += correct[mask].sum().item()
+            sums[part][2] += int(mask.sum())
+    model.train(was_training)
+    return {f"{stat}_{part}": s[i] / s[2] for part, s in sums.items() for i, stat in ((0, "loss"), (1, "acc"))}
+
+
+@torch.no_grad()
+def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tensor | None = None,
+                    period: int | None = None) -> list[dict]:
+    """Per layer: statistics of the pre-softmax scores, the attention entropy and, with ``probe_x`` (a batch of
+    sequences repeating with ``period``), each head's induction and previous-token scores.
+
+    Scores s = scale * q . k over the causal entries: their standard deviation and largest magnitude, and the
+    variance part I predicts from the measured component variances, scale^2 * head_dim * Var(q_i) * Var(k_i)
+    (book: part I, "Why divide by sqrt(d_k)"). Entropy: the mean over rows t >= 1 of H(row) / ln(t + 1) (1 is
+    uniform, 0 one-hot). The scores are recomputed from the layer's input and must reproduce the model's weights.
+    """
+    was_training = model.training
+    model.eval()
+    inputs = []  # each layer's attention input ln_1(x), captured by a pre-hook
+    handles = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+               for block in model.blocks]
+    try:
+        _, _, weights = model(x, need_weights=True)  # n_layers x (N, h, L, L)
+    finally:
+        for handle in handles:
+            handle.remove()
+    n, length = x.shape
+    causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()  # (L, L)
+    layers = []
+    for block, x_in, w in zip(model.blocks, inputs, weights):
+        attn = block.attn
+        q = attn.q_proj(x_in).view(n, length, attn.n_heads, attn.head_dim).transpose(1, 2)  # (N, h, L, hd)
+        k = attn.k_proj(x_in).view(n, length, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (N, g, L, hd)
+        k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # (N, h, L, hd)
+        scores = attn.scale * q @ k.transpose(-2, -1)  # (N, h, L, L)
+        # The recomputed scores must give the model's weights: the probe measures what the model computes.
+        recomputed = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)  # (N, h, L, L)
+        torch.testing.assert_close(recomputed, w, rtol=1e-3, atol=1e-4)
+        allowed = scores[:, :, causal]  # (N, h, L (L + 1) / 2)
+        q_var, k_var = q.var().item(), k.var().item()
+        plogp = torch.where(w > 0, w * torch.log(w.clamp_min(1e-30)), 0.0)  # (N, h, L, L)
+        entropy = -plogp.sum(dim=-1)[:, :, 1:] / torch.log(torch.arange(2, length + 1, device=x.device))  # (N,h,L-1)
+        layers.append(dict(score_std=allowed.std().item(), score_absmax=allowed.abs().max().item(),
+                           score_var_pred=attn.scale ** 2 * attn.head_dim * q_var * k_var, q_var=q_var,
+                           k_var=k_var, entropy=entropy.mean().item(),
+                           max_weight=w[:, :, 1:, :].max(dim=-1).values.mean().item()))
+    if probe_x is not None:
+        _, _, probe_weights = model(probe_x, need_weights=True)
+        for layer, w in zip(layers, probe_weights):
+            layer["induction"] = induction_score(w, period).tolist()  # (h,)
+            layer["previous_token"] = previous_token_score(w).tolist()  # (h,)
+    model.train(was_training)
+    return layers
+
+
+@torch.no_grad()
+def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch.Tensor, period: int) -> list[dict]:
+    """The loss on the first copy and on the repeat of fixed-period probe sequences with each head removed in turn
+    (through the model's ``head_mask``), then every head of a layer; the first entry ("none") removes nothing.
+    Each entry also holds every layer's induction scores under that ablation."""
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    device = probe_x.device
+    on_repeat = torch.arange(probe_x.shape[1], device=device) >= period  # (L,): the repeat
+    masks = [("none", None)]
+    for layer in range(n_layers):
+        masks += [(f"L{layer}H{head}", (layer, head)) for head in range(n_heads)]
+        masks.append((f"L{layer}", (layer, None)))
+    was_training = model.training
+    model.eval()
+    ablations = []
+    for name, target in masks:
+        head_mask = torch.ones(n_layers, n_heads, device=device)
+        if target is not None:
+            head_mask[target[0], slice(None) if target[1] is None else target[1]] = 0.0
+        logits, _, weights = model(probe_x, head_mask=head_mask, need_weights=True)  # (N, L, V)
+        losses = F.cross_entropy(logits.transpose(1, 2), probe_y, reduction="none")  # (N, L)
+        ablations.append(dict(ablated=name, loss_first=losses[:, ~on_repeat].mean().item(),
+                              loss_repeat=losses[:, on_repeat].mean().item(),
+                              induction=[induction_score(w, period).tolist() for w in weights]))
+    model.train(was_training)
+    return ablations
+
+
+def count_spikes(losses, start: int, window: int, sigmas: float) -> int:
+    """Steps t >= max(start, window) whose loss exceeds the mean of the previous ``window`` losses by more than
+    ``sigmas`` of their standard deviations (book: part III, "The scaling ablation")."""
+    losses = np.asarray(losses, dtype=float)
+    spikes = 0
+    for t in range(max(start, window), len(losses)):
+        previous = losses[t - window:t]
+        if losses[t] > previous.mean() + sigmas * previous.std():
+            spikes += 1
+    return spikes
+
+
+class DynamicsProbe(Hook):
+    """Records every step's loss and gradient norm, and probes the model at step 0 and at each evaluation.
+
+    Each evaluation record gets: ``grad_norm_max`` and ``grad_norm_mean`` over the steps since the previous one,
+    ``layers`` (:func:`attention_probe` on the first held-out batch, with induction scores on ``probe_x`` when
+    given) and, on a repeat task, :func:`split_losses` on the held-out batches. ``train_loss`` becomes the mean of
+    the interval's step losses taken one by one as Python floats (the dynamics runs' convention since they began).
+    A step whose loss or gradient norm is not finite stops the run.
+    """
+
+    eval_at_start = True
+
+    def __init__(self, repeat_mask=None, probe_x: torch.Tensor | None = None, period: int | None = None,
+                 has_accuracy: bool = True):
+        self.repeat_mask = repeat_mask  # x -> (N, L) bool "position on the repeat", for repeat tasks; else None
+        self.probe_x, self.period = probe_x, period
+        self.step_losses, self.grad_norms = [], []  # every step
+        self._interval_losses, self._interval_norms = [], []
+        self.finite = True
+        self.model = self.eval_set = self.eval_split = None
+
+    def on_start(self, model, eval_set, device) -> None:
+        self.model, self.eval_set = model, eval_set
+        if self.repeat_mask is not None:
+            self.eval_split = [(x, y, self.repeat_mask(x)) for x, y in eval_set]
+
+    def on_step(self, step, loss, grad_norm) -> bool:
+        self.step_losses.append(loss.item())
+        self.grad_norms.append(grad_norm.item())
+        self._interval_losses.append(self.step_losses[-1])
+        self._interval_norms.append(self.grad_norms[-1])
+        if not (math.isfinite(self.step_losses[-1]) and math.isfinite(self.grad_norms[-1])):
+            self.finite = False  # diverged: the trainer evaluates once more and stops
+        return not self.finite
+
+    def on_eval(self, record) -> None:
+        norms = self._interval_norms
+        if self._interval_losses:
+            record["train_loss"] = statistics.fmean(self._interval_losses)
+        record.update(grad_norm_max=max(norms) if norms else None,
+                      grad_norm_mean=statistics.fmean(norms) if norms else None,
+                      layers=attention_probe(self.model, self.eval_set[0][0], self.probe_x, self.period))
+        if self.eval_split is not None:
+            record.update(split_losses(self.model, self.eval_split))
+        self._interval_losses, self._interval_norms = [], []
+
+
+def fixed_period_probe(task: RepeatedSequence, seed: int, batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of ``batch_size`` sequences repeating with the fixed period ``task.seq_len``, from their own seed (the
+    induction scores' and the head ablations' input)."""
+    probe_task = RepeatedSequence(vocab_size=task.vocab_size, seq_len=task.seq_len, score="all", seed=seed)
+    return probe_task.get_batch("val", batch_size, device)

@@ -1,0 +1,106 @@
+"""The committed results, as every part III chapter reads them.
+
+Book: part III. Each chapter has one folder, ``experiments/<chapter>/``, holding its sweep files and, beside each,
+the folder its results went to (``experiments/<chapter>/<sweep name>/results.csv`` and ``artifacts/<run_id>/``).
+:func:`load` finds a sweep by name and gives its table, its per-run files, the sweep file and the command that
+regenerates it, so that a figure can say beside itself how to remake it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mha._checks import check_type
+
+__all__ = ["experiments_dir", "SweepResults", "load", "sweep_names"]
+
+
+def experiments_dir(start: str | os.PathLike | None = None) -> Path:
+    """The repository's ``experiments/`` folder: ``$MHA_EXPERIMENTS_DIR``, else the first ``experiments/`` folder
+    holding a ``notebooks/`` folder in ``start`` (default: the current directory) or one of its parents."""
+    if os.environ.get("MHA_EXPERIMENTS_DIR"):
+        return Path(os.environ["MHA_EXPERIMENTS_DIR"])
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "experiments" / "notebooks").is_dir():
+            return folder / "experiments"
+    raise FileNotFoundError(f"no experiments/ folder (with notebooks/) in {here} or its parents; run from the "
+                            f"repository, or set MHA_EXPERIMENTS_DIR")
+
+
+def sweep_names(root: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Every sweep file under ``experiments/<chapter>/``: sweep name -> the YAML file."""
+    import yaml
+
+    root = experiments_dir(root)
+    names = {}
+    for path in sorted(root.glob("*/*.yaml")):
+        name = (yaml.safe_load(path.read_text()) or {}).get("name")
+        if name in names:
+            raise ValueError(f"two sweep files are named {name!r}: {names[name]} and {path}")
+        names[name] = path
+    return names
+
+
+@dataclass
+class SweepResults:
+    """One sweep's committed results."""
+
+    name: str  # the sweep's name
+    sweep_file: Path  # the YAML file
+    folder: Path  # its results folder (results.csv, artifacts/)
+    root: Path  # the repository root (for relative paths in commands)
+
+    @property
+    def command(self) -> str:
+        """The command that regenerates this sweep's results (from the repository root)."""
+        return f"python -m mha.sweep {self.sweep_file.relative_to(self.root)} --jobs 2"
+
+    @property
+    def csv_path(self) -> Path:
+        return self.folder / "results.csv"
+
+    def table(self, ok_only: bool = True):
+        """results.csv as a pandas DataFrame (only the runs that finished, by default)."""
+        import pandas as pd
+
+        table = pd.read_csv(self.csv_path)
+        if ok_only:
+            table = table[table["status"] == "ok"].reset_index(drop=True)
+        return table
+
+    def artifact(self, run_id: str, filename: str):
+        """A run's file from ``artifacts/<run_id>/``: JSON as Python objects, ``.npz`` as a dict of arrays."""
+        path = self.folder / "artifacts" / str(run_id) / filename
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (sweep {self.name!r}, run {run_id!r})")
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+        if path.suffix == ".npz":
+            with np.load(path) as archive:
+                return dict(archive)
+        return path.read_text()
+
+    def artifacts(self, filename: str, run_ids=None) -> dict:
+        """``{run_id: artifact(run_id, filename)}`` for the given runs (default: every finished run)."""
+        run_ids = list(self.table().run_id) if run_ids is None else list(run_ids)
+        return {run_id: self.artifact(run_id, filename) for run_id in run_ids}
+
+
+def load(name: str, root: str | os.PathLike | None = None) -> SweepResults:
+    """The committed results of sweep ``name`` (e.g. "head-count"), found among ``experiments/*/*.yaml``."""
+    check_type("name", name, str, "a sweep name such as 'head-count'")
+    names = sweep_names(root)
+    if name not in names:
+        raise ValueError(f"no sweep named {name!r}; the sweeps are {sorted(names)}")
+    sweep_file = names[name]
+    folder = sweep_file.parent / name
+    if not (folder / "results.csv").is_file():
+        raise FileNotFoundError(f"sweep {name!r} has no results yet ({folder / 'results.csv'}); run "
+                                f"python -m mha.sweep {sweep_file}")
+    return SweepResults(name, sweep_file, folder, experiments_dir(root).parent)

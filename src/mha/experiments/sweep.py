@@ -1,0 +1,525 @@
+"""Run a study (or any papermill notebook) over a grid of parameters, one row per run in ``results.csv``.
+
+Book: part III (experiments); every chapter's numbers come from a ``results.csv`` written here.
+
+Usage::
+
+    python -m mha.sweep experiments/head_count/head-count.yaml [--out DIR] [--jobs N] [--only RUN_ID ...]
+                        [--executor notebook|function] [--launcher local|submitit] [--cluster slurm|local|debug]
+                        [--dry-run]
+
+A sweep file (YAML)::
+
+    name: smoke                         # the results folder: <the sweep file's folder>/<name>/
+    study: train                        # a study of mha.experiments.studies: train, heads, dynamics, shakespeare
+    base: {task: two_offset, steps: 40} # settings shared by every run (fields of the study's configuration)
+    grid: {n_heads: [1, 4], seed: [0, 1]}   # runs: the cartesian product of these lists
+    jobs: 2                             # optional: runs in parallel when --jobs is not given (default 1)
+
+Every setting is a field of the study's configuration (:mod:`mha.experiments.config`): the whole grid is checked
+when the file is loaded, so an unknown name, a wrong type or a bad value stops the sweep before any run starts.
+Instead of ``study``, a sweep may name any papermill ``notebook`` (relative to the sweep file or the repository
+root) whose parameters cell defines ``out_dir``; its parameters are then the notebook's.
+
+Each run executes, by default (``--executor notebook``), the study's template ``experiments/notebooks/<study>.ipynb``
+through papermill with ``overrides`` (the run's settings), ``out_dir`` (where ``metrics.json`` goes) and
+``artifacts_dir``; the executed notebook goes to ``DIR/runs/<run_id>.ipynb``. ``--executor function`` calls the
+study's function in a fresh process instead (no Jupyter needed, e.g. on a GPU machine without it); both compute the
+same numbers. Each run uses ``threads`` CPU threads (default 1: one run per core). Metrics go to
+``DIR/runs/<run_id>/metrics.json``, the files the book plots to ``DIR/artifacts/<run_id>/``.
+
+``DIR/results.csv`` has one row per run: ``run_id`` (a hash of the run's base + grid settings, stable across
+reruns, key order and machines), ``sweep``, ``status`` ("ok" or "failed"), ``error``, every setting (its effective
+value: the configuration's default where the sweep does not set it), the run's scalar metrics (val_loss, val_acc,
+tokens_per_s, wall_s, params, kv_cache_bytes, device, device_name (the GPU, or the CPU model), num_threads,
+torch_version, and any extra such as decode_s_per_token; a metric wins over a setting of the same name) and
+``git_commit`` (HEAD of the repository when the sweep started). A rerun skips the runs whose row says "ok"; a run
+that raises is recorded as "failed" with its error and the sweep goes on. Each row is written as its run finishes:
+the whole table goes to a temporary file that ``os.replace`` puts in place, under a file lock, de-duplicated by
+run_id (the latest row wins). Killing the runner at any moment therefore loses no recorded run and never duplicates
+one (the run in progress is redone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import csv
+import fcntl
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from tqdm.auto import tqdm
+
+from mha._checks import check_choice, check_int
+
+__all__ = ["Sweep", "Run", "load_sweep", "run_id", "execute_run", "Results", "run_sweep", "output_dir", "main",
+           "REQUIRED_COLUMNS", "EXECUTORS"]
+
+REQUIRED_COLUMNS = ["run_id", "sweep", "status", "error", "task", "n_layers", "d_model", "n_heads", "n_kv_heads",
+                    "head_dim", "seed", "steps", "val_loss", "val_acc", "tokens_per_s", "wall_s", "params",
+                    "kv_cache_bytes", "device", "device_name", "threads", "torch_version", "git_commit"]
+RUNNER_PARAMETERS = ("out_dir", "artifacts_dir")  # set by the runner for every run, never by a sweep
+SWEEP_KEYS = {"name", "study", "notebook", "base", "grid", "jobs"}
+EXECUTORS = ("notebook", "function")
+NOTEBOOKS = Path("experiments") / "notebooks"  # the studies' templates, relative to the repository root
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML SafeLoader that also reads ``1e-3`` as a float (PyYAML's YAML 1.1 needs ``1.0e-3``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def run_id(parameters: dict) -> str:
+    """12 hex digits of the sha256 of the parameters as canonical JSON (sorted keys): same parameters, same id."""
+    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass
+class Run:
+    run_id: str  # stable hash of ``parameters``
+    parameters: dict  # base + this grid point (what the sweep sets)
+
+
+@dataclass
+class Sweep:
+    name: str  # the sweep's name (its results folder's name)
+    study: str | None  # the study (mha.experiments.studies), or None for a plain notebook sweep
+    notebook: Path | None  # the papermill template (a study's default, or the sweep's notebook)
+    base: dict  # parameters shared by every run
+    grid: dict  # parameter -> list of values; the runs are the cartesian product
+    defaults: dict  # a plain notebook's parameters and their default values ({} for a study)
+    path: Path  # the YAML file
+    jobs: int = 1  # runs in parallel unless the command line says otherwise
+
+    def runs(self) -> list[Run]:
+        """Every grid point, in the grid's order (the last parameter varies fastest)."""
+        keys = list(self.grid)
+        runs = []
+        for values in itertools.product(*(self.grid[key] for key in keys)):
+            parameters = {**self.base, **dict(zip(keys, values))}
+            runs.append(Run(run_id(parameters), parameters))
+        return runs
+
+    def effective(self, run: Run) -> dict:
+        """Every setting of the run with its value (the default where the sweep sets none): the row's columns."""
+        if self.study is None:
+            effective = {**self.defaults, **run.parameters}
+            for name in RUNNER_PARAMETERS:
+                effective.pop(name, None)
+            return effective
+        from mha.experiments.config import make_config
+
+        return make_config(self.study, run.parameters).to_dict()
+
+    def threads(self, run: Run) -> int:
+        """CPU threads of one run (the setting ``threads``; default 1)."""
+        return self.effective(run).get("threads", 1)
+
+    def command(self) -> str:
+        """The command that (re)makes this sweep's results, relative to the repository root when inside one."""
+        root = _repo_root(self.path.parent)
+        shown = self.path.relative_to(root) if root is not None else self.path
+        return f"python -m mha.sweep {shown}" + (f" --jobs {self.jobs}" if self.jobs > 1 else "")
+
+
+def _repo_root(start: Path) -> Path | None:
+    """The nearest ancestor of ``start`` (itself included) holding ``.git``, or None."""
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def _git_commit(folder: Path) -> str:
+    """HEAD of the git repository holding ``folder`` ("" outside one)."""
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _notebook_defaults(notebook: Path) -> dict:
+    """The notebook's papermill parameters and their default values (literal values parsed, others as text)."""
+    import papermill  # imported here: ``python -m mha.sweep --help`` stays fast
+
+    defaults = {}
+    for name, info in papermill.inspect_notebook(str(notebook)).items():
+        try:
+            defaults[name] = ast.literal_eval(info["default"])
+        except (ValueError, SyntaxError):
+            defaults[name] = info["default"]
+    return defaults
+
+
+def _find(path: Path, relative: str) -> Path | None:
+    """``relative`` beside the sweep file, or under the repository root."""
+    candidates = [path.parent / relative]
+    root = _repo_root(path.parent)
+    if root is not None:
+        candidates.append(root / relative)
+    return next((c.resolve() for c in candidates if c.is_file()), None)
+
+
+def _study_notebook(path: Path, study: str) -> Path | None:
+    """The study's template: under the sweep file's repository, else under the checkout the package runs from."""
+    package_checkout = Path(__file__).resolve().parents[3]  # src/mha/experiments/sweep.py -> the checkout
+    for root in (_repo_root(path.parent), package_checkout):
+        if root is not None and (root / NOTEBOOKS / f"{study}.ipynb").is_file():
+            return (root / NOTEBOOKS / f"{study}.ipynb").resolve()
+    return None
+
+
+def load_sweep(config_path: str | os.PathLike) -> Sweep:
+    """Read and check a sweep file and every run it makes; an error names the file, the key and the run."""
+    path = Path(config_path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} does not exist")
+    spec = yaml.load(path.read_text(), Loader=_Loader)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: a sweep file is a mapping with keys {sorted(SWEEP_KEYS)}, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - SWEEP_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; expected {sorted(SWEEP_KEYS)}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"{path}: 'name' must be a non-empty string of letters, digits, '_', '.', '-', got {name!r}")
+    base, grid = spec.get("base") or {}, spec.get("grid") or {}
+    if not isinstance(base, dict):
+        raise ValueError(f"{path}: 'base' must be a mapping parameter -> value, got {type(base).__name__}")
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ValueError(f"{path}: 'grid' must be a mapping parameter -> non-empty list of values, got {grid!r}")
+    both = sorted(set(base) & set(grid))
+    if both:
+        raise ValueError(f"{path}: parameters {both} are in both 'base' and 'grid'; keep each in one place")
+    for key in RUNNER_PARAMETERS:
+        if key in base or key in grid:
+            raise ValueError(f"{path}: '{key}' is set by the runner for each run; remove it from the sweep file")
+
+    jobs = check_int(f"{path}: jobs", spec.get("jobs", 1))
+    study, notebook = spec.get("study"), spec.get("notebook")
+    if (study is None) == (notebook is None):
+        raise ValueError(f"{path}: give either 'study' (one of the package's studies) or 'notebook' (a papermill "
+                         f"notebook), not {'both' if study else 'neither'}")
+    if study is not None:
+        from mha.experiments.config import STUDY_CONFIGS
+
+        if study not in STUDY_CONFIGS:
+            raise ValueError(f"{path}: study must be one of {sorted(STUDY_CONFIGS)}, got {study!r}")
+        sweep = Sweep(name, study, _study_notebook(path, study), base, grid, {}, path, jobs)
+        for run in sweep.runs():  # every run's settings are checked now, not when the run starts
+            try:
+                sweep.effective(run)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"{path}: run {run.run_id} ({_describe_parameters(run.parameters, grid)}): "
+                                  f"{error}") from None
+        return sweep
+
+    if not isinstance(notebook, str):
+        raise ValueError(f"{path}: 'notebook' must be a path (relative to the sweep file or the repository root)")
+    found = _find(path, notebook)
+    if found is None:
+        raise ValueError(f"{path}: notebook {notebook!r} not found beside the sweep file or under the repository root")
+    defaults = _notebook_defaults(found)
+    if "out_dir" not in defaults:
+        raise ValueError(f"{found}: its parameters cell (tagged 'parameters') must define out_dir")
+    unknown = sorted((set(base) | set(grid)) - set(defaults))
+    if unknown:
+        raise ValueError(f"{path}: parameters {unknown} are not parameters of {found.name}; its parameters are "
+                         f"{sorted(defaults)}")
+    return Sweep(name, None, found, base, grid, defaults, path, jobs)
+
+
+def _describe_parameters(parameters: dict, grid: dict) -> str:
+    return ", ".join(f"{k}={parameters[k]!r}" for k in grid) or "base"
+
+
+# ------------------------------------------------------------------------------------------------------- one run
+def _describe(error: BaseException) -> str:
+    """One line for the error column: the notebook's exception (name: value) or this process's."""
+    ename, evalue = getattr(error, "ename", None), getattr(error, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(error).__name__}: {error}"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # ANSI colours of tracebacks
+    return " ".join(text.split())[:1000]
+
+
+@contextlib.contextmanager
+def _thread_environment(threads: int):
+    """OMP/MKL thread counts for the processes started inside (they inherit this environment); restored after."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(threads) for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _call_study(study: str, parameters: dict, out_dir: str, artifacts_dir: str) -> None:
+    """In a fresh process: the study's function (torch is imported here, after the thread variables are set)."""
+    from mha.experiments.studies import run_study
+
+    run_study(study, parameters, out_dir=out_dir, artifacts_dir=artifacts_dir)
+
+
+def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook", kernel: str = "python3") -> dict:
+    """Execute one run; return ``{"status": "ok" | "failed", "error": ..., **scalar metrics}``.
+
+    Never raises for a failure inside the run (or a missing metrics.json): that is a "failed" result.
+    """
+    runs_dir = Path(runs_dir)
+    out_dir = runs_dir / run.run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    artifacts = runs_dir.parent / "artifacts" / run.run_id
+    metrics_path = out_dir / "metrics.json"
+    metrics_path.unlink(missing_ok=True)  # a file left by an interrupted earlier attempt must not count
+    try:
+        threads = sweep.threads(run)
+        with _thread_environment(threads):
+            if executor == "function":
+                if sweep.study is None:
+                    raise ValueError("--executor function needs a sweep with a 'study'")
+                context = multiprocessing.get_context("spawn")  # a fresh process: torch starts with these threads
+                with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                    pool.submit(_call_study, sweep.study, run.parameters, str(out_dir), str(artifacts)).result()
+            else:
+                import papermill
+
+                if sweep.notebook is None:
+                    raise FileNotFoundError(f"no notebook for study {sweep.study!r} (looked for "
+                                            f"{NOTEBOOKS / f'{sweep.study}.ipynb'} under the repository root); "
+                                            f"run with --executor function")
+                if sweep.study is not None:
+                    parameters = dict(overrides=run.parameters, out_dir=str(out_dir), artifacts_dir=str(artifacts))
+                else:
+                    parameters = {**run.parameters, "out_dir": str(out_dir)}
+                    if "artifacts_dir" in sweep.defaults:
+                        parameters["artifacts_dir"] = str(artifacts)
+                papermill.execute_notebook(
+                    str(sweep.notebook), str(runs_dir / f"{run.run_id}.ipynb"), parameters=parameters,
+                    kernel_name=kernel, progress_bar=False, cwd=str(sweep.notebook.parent))
+        if not metrics_path.is_file():
+            raise FileNotFoundError(f"the run finished but wrote no {metrics_path}")
+        metrics = json.loads(metrics_path.read_text())
+    except Exception as error:  # noqa: BLE001 - any failure of the run is recorded, and the sweep goes on
+        return {"status": "failed", "error": _describe(error)}
+    scalars = {k: v for k, v in metrics.items() if v is None or isinstance(v, (bool, int, float, str))}
+    return {"status": "ok", "error": "", **scalars}
+
+
+# ------------------------------------------------------------------------------------------------ results.csv
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+class Results:
+    """``results.csv``: read it, and add a row atomically (temporary file + ``os.replace``, under a file lock)."""
+
+    def __init__(self, path: str | os.PathLike, lock_path: str | os.PathLike):
+        self.path = Path(path)
+        self.lock_path = Path(lock_path)
+
+    def read(self) -> list[dict]:
+        """The rows (all values as strings), one per run_id: the latest row of a run_id wins."""
+        if not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            rows = {row["run_id"]: row for row in csv.DictReader(f)}
+        return list(rows.values())
+
+    @contextlib.contextmanager
+    def _lock(self):
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def add(self, row: dict, order: list[str] = ()) -> None:
+        """Replace (or add) the row of ``row["run_id"]``; rows are kept in ``order`` (run_ids), others last."""
+        row = {key: _cell(value) for key, value in row.items()}
+        with self._lock():
+            rows = [r for r in self.read() if r["run_id"] != row["run_id"]] + [row]
+            rank = {rid: i for i, rid in enumerate(order)}
+            rows.sort(key=lambda r: rank.get(r["run_id"], len(rank)))  # stable: unknown run_ids keep their order
+            columns = list(REQUIRED_COLUMNS)
+            for r in rows:
+                columns += [key for key in r if key not in columns]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            with open(partial, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns, restval="")
+                writer.writeheader()
+                writer.writerows(rows)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, self.path)
+
+
+# ------------------------------------------------------------------------------------------------------ runner
+def _submitit_results(runs, call, out, jobs, cluster, timeout_min):
+    """Yield (run, result) as submitit jobs finish, at most ``jobs`` in flight."""
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=str(out / "submitit"), cluster=cluster)
+    executor.update_parameters(timeout_min=timeout_min, cpus_per_task=1, name=f"mha-sweep-{out.name}")
+    pending, running = list(runs), {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            run = pending.pop(0)
+            running[executor.submit(execute_run, *call(run))] = run
+        done = [job for job in running if job.done()]
+        for job in done:
+            run = running.pop(job)
+            try:
+                yield run, job.result()
+            except Exception as error:  # noqa: BLE001 - the job itself failed (killed, timed out, ...)
+                yield run, {"status": "failed", "error": _describe(error)}
+        if not done:
+            time.sleep(0.5)
+
+
+def output_dir(sweep: Sweep, out: str | os.PathLike | None = None) -> Path:
+    """``out``, or ``<the sweep file's folder>/<name>/``: a chapter's folder holds its sweep files and, beside each,
+    the folder of its results."""
+    if out is not None:
+        return Path(out).resolve()
+    return (sweep.path.parent / sweep.name).resolve()
+
+
+def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = None, jobs: int | None = None,
+              launcher: str = "local", cluster: str = "slurm", dry_run: bool = False, kernel: str = "python3",
+              timeout_min: int = 60, progress: bool = True, executor: str = "notebook",
+              only: list[str] | None = None) -> list[dict]:
+    """Run (or, with ``dry_run``, list) the sweep's unfinished runs; return the sweep's rows of results.csv.
+
+    ``out`` defaults to :func:`output_dir`. ``jobs`` defaults to the sweep file's ``jobs`` (else 1).
+    ``launcher="local"`` runs in this process (jobs=1) or in a pool of ``jobs`` processes; ``"submitit"`` submits each run as a job through ``submitit.AutoExecutor(folder,
+    cluster=cluster)`` (``cluster``: "slurm", or "local"/"debug" to try it on one machine), ``jobs`` at a time, each
+    limited to ``timeout_min`` minutes. ``executor``: "notebook" (papermill) or "function" (the study's function in
+    a fresh process). ``only``: run_ids to run (others are left as they are). With ``dry_run`` nothing runs: the rows
+    returned are the planned runs, with status "ok" for finished ones and "todo" for the others.
+    """
+    sweep = load_sweep(config_path)
+    jobs = sweep.jobs if jobs is None else check_int("jobs", jobs)
+    check_choice("launcher", launcher, ("local", "submitit"))
+    check_choice("executor", executor, EXECUTORS)
+    out = output_dir(sweep, out)
+    results = Results(out / "results.csv", out / "runs" / ".lock")
+    runs = sweep.runs()
+    if only is not None:
+        unknown = sorted(set(only) - {run.run_id for run in runs})
+        if unknown:
+            raise ValueError(f"only: run_ids {unknown} are not runs of {sweep.path.name} (see --dry-run)")
+        runs = [run for run in runs if run.run_id in set(only)]
+    order = [run.run_id for run in sweep.runs()]
+    finished = {row["run_id"] for row in results.read() if row["status"] == "ok"}
+    todo = [run for run in runs if run.run_id not in finished]
+
+    if dry_run:
+        return [{"run_id": run.run_id, "sweep": sweep.name, "status": "ok" if run.run_id in finished else "todo",
+                 **{k: _cell(v) for k, v in run.parameters.items()}} for run in runs]
+
+    commit = _git_commit((sweep.notebook or Path(__file__)).parent)  # the code that runs: the notebook's checkout
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+
+    def call(run):
+        return sweep, run, str(runs_dir), executor, kernel
+
+    bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="run", disable=not progress)
+    counts = {"ok": 0, "failed": 0}
+
+    def record(run, result):
+        results.add({"run_id": run.run_id, "sweep": sweep.name, **sweep.effective(run), **result,
+                     "git_commit": commit}, order)
+        counts[result["status"]] += 1
+        bar.set_postfix(counts)
+        bar.update()
+
+    try:
+        if launcher == "submitit":
+            for run, result in _submitit_results(todo, call, out, jobs, cluster, timeout_min):
+                record(run, result)
+        elif jobs == 1:
+            for run in todo:
+                record(run, execute_run(*call(run)))
+        else:
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            try:
+                futures = {pool.submit(execute_run, *call(run)): run for run in todo}
+                for future in as_completed(futures):
+                    record(futures[future], future.result())
+            finally:  # on an interruption, do not start the queued runs
+                pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        bar.close()
+    wanted = {run.run_id for run in runs}
+    return [row for row in results.read() if row["run_id"] in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="sweep file (YAML)")
+    parser.add_argument("--out", help="output directory (default: <the sweep file's folder>/<name>/)")
+    parser.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: the sweep file's jobs, else 1)")
+    parser.add_argument("--only", nargs="+", metavar="RUN_ID", help="run only these runs (see --dry-run)")
+    parser.add_argument("--executor", choices=EXECUTORS, default="notebook",
+                        help="notebook: papermill (default); function: the study's function, no Jupyter needed")
+    parser.add_argument("--launcher", choices=("local", "submitit"), default="local")
+    parser.add_argument("--cluster", default="slurm", help="submitit cluster: slurm (default), local or debug")
+    parser.add_argument("--timeout-min", type=int, default=60, help="submitit: time limit of one run (minutes)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are done; run none")
+    args = parser.parse_args(argv)
+    rows = run_sweep(args.config, out=args.out, jobs=args.jobs, launcher=args.launcher, cluster=args.cluster,
+                     dry_run=args.dry_run, timeout_min=args.timeout_min, executor=args.executor, only=args.only)
+    if args.dry_run:
+        for row in rows:
+            params = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("run_id", "sweep", "status"))
+            print(f"{row['run_id']}  {row['status']:4}  {params}")
+        print(f"{sum(r['status'] == 'todo' for r in rows)} of {len(rows)} runs to do")
+        return 0
+    failed = [row for row in rows if row["status"] != "ok"]
+    for row in failed:
+        print(f"failed {row['run_id']}: {row['error']}", file=sys.stderr)
+    out = output_dir(load_sweep(args.config), args.out)
+    print(f"{len(rows) - len(failed)} of {len(rows)} runs ok; results in {out / 'results.csv'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
