@@ -334,7 +334,7 @@ def test_prunable_fraction():
     (lambda: analysis.prune_curve(make_model(), random_batches(make_model())), ValueError, "importance_batches"),
     (lambda: analysis.head_importance(make_model(), random_batches(make_model()), head_mask=torch.ones(3, 2)),
      ValueError, r"head_mask .*\(2, 3\)"),
-    (lambda: analysis.repeat_induction_scores(make_model(), [6]), ValueError, r"periods .*\[2, 5\]"),
+    (lambda: analysis.repeat_induction_scores(make_model(), [6]), ValueError, r"periods\[0\] .* must be an integer in \[2, 5\]"),
 ])
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):

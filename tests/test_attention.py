@@ -129,8 +129,10 @@ def test_matches_torch_multihead_attention(impl, bias, case):
     kv = x_q if x_kv is None else x_kv
     expected, expected_w = ref(x_q, kv, kv, need_weights=True, average_attn_weights=False, **kw_ref)
     out, w = m(x_q, x_kv, need_weights=True, **kw_ours)
-    out_fast, none = m(x_q, x_kv, **kw_ours)
+    out_fast, none = m(x_q, x_kv, need_weights=False, **kw_ours)
     assert none is None
+    out_default, w_default = m(x_q, x_kv, **kw_ours)  # need_weights defaults to True, as in mha.reference and torch
+    assert w_default is not None and torch.equal(w_default, w)
     assert w.shape == (n, 3, l_q, l_kv)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(out_fast, expected, rtol=1e-10, atol=1e-10)

@@ -5,7 +5,9 @@ but the wrong *value* (out of range, not one of the choices, the wrong shape) ra
 names the argument, says what it got and what was expected, and is raised before any work is done.
 
 ``check_int``, ``check_float``, ``check_bool``, ``check_choice``, ``check_shape`` and ``check_type`` cover the
-kinds of argument; ``head_shape`` is the attention layer's shape rule (book: part II, "MQA and GQA").
+kinds of argument; ``head_shape`` is the attention layer's shape rule (book: part II, "MQA and GQA") and
+``attention_scale`` its score scale (book: part I, "Why divide by sqrt(d_k)"), shared by ``mha.reference`` and
+``mha.MultiHeadAttention`` so that both accept and refuse the same values with the same message.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["check_int", "check_float", "check_bool", "check_choice", "check_shape", "check_type", "head_shape"]
+__all__ = ["check_int", "check_float", "check_bool", "check_choice", "check_shape", "check_type", "head_shape",
+           "attention_scale"]
 
 
 def _type_name(value) -> str:
@@ -145,3 +148,11 @@ def head_shape(d_model, n_heads, n_kv_heads=None, head_dim=None) -> tuple[int, i
                              f"pass head_dim explicitly to use another head size")
         head_dim = d_model // n_heads
     return d_model, n_heads, n_kv_heads, check_int("head_dim", head_dim)
+
+
+def attention_scale(scale, head_dim: int) -> float:
+    """The multiplier of q k^T: ``1 / sqrt(head_dim)`` for None, else ``scale`` as a float, which must be a finite
+    real number > 0 (TypeError for another type, ValueError for 0, a negative number, NaN or infinity)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    return check_float("scale", scale, minimum=0.0, min_inclusive=False)

@@ -20,14 +20,13 @@ mask. This costs two small boolean ops and happens only when a user mask is give
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha._checks import head_shape
+from mha._checks import attention_scale, check_bool, check_choice, check_float, check_type, head_shape
 from mha.kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention"]
@@ -69,14 +68,10 @@ class MultiHeadAttention(nn.Module):
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa", scale: float | None = None):
         super().__init__()
         d_model, n_heads, n_kv_heads, head_dim = head_shape(d_model, n_heads, n_kv_heads, head_dim)
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-        if scale is None:
-            scale = 1.0 / math.sqrt(head_dim)
-        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be None or a positive finite float, got {scale!r}")
+        check_choice("impl", impl, IMPLS)
+        check_bool("bias", bias)
+        dropout = check_float("dropout", dropout, minimum=0.0, maximum=1.0, max_inclusive=False)
+        scale = attention_scale(scale, head_dim)  # the rule mha.reference applies
 
         self.d_model = d_model  # width of the residual stream
         self.n_heads = n_heads  # h, query heads
@@ -96,7 +91,7 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                is_causal: bool = False, need_weights: bool = False, kv_cache: KVCache | None = None,
+                is_causal: bool = False, need_weights: bool = True, kv_cache: KVCache | None = None,
                 head_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x_q`` to ``x_kv`` (or to ``x_q`` itself, or to everything in ``kv_cache``).
 
@@ -108,7 +103,9 @@ class MultiHeadAttention(nn.Module):
             mask: boolean, True = may attend, broadcastable to (N, h, L_q, L_kv) ((h, L_q, L_kv) when unbatched).
             is_causal: causal masking, bottom-right aligned (query i sees keys j <= L_kv - L_q + i). Combined with
                 ``mask`` by logical and.
-            need_weights: also return the attention weights (the sdpa path then computes explicitly).
+            need_weights: also return the attention weights (default True, as ``mha.reference`` and
+                ``torch.nn.MultiheadAttention``); the sdpa path then computes them explicitly, so pass False
+                when only the output is needed (training, decoding, timing).
             kv_cache: a :class:`~mha.kv_cache.KVCache`; this call's keys/values are appended and the queries
                 attend over every cached position. Self-attention only (x_kv must be None).
             head_mask: (h,) float or bool; multiplies each head's output before o_proj (differentiable).
@@ -117,7 +114,7 @@ class MultiHeadAttention(nn.Module):
             ``(out, weights)``: out (N, L_q, d_model) (unbatched: (L_q, d_model)); weights (N, h, L_q, L_kv)
             (unbatched: (h, L_q, L_kv)), the softmax probabilities before dropout, or None.
         """
-        unbatched, l_q, l_kv = self._check_inputs(x_q, x_kv, mask, kv_cache, head_mask)
+        unbatched, l_q, l_kv = self._check_inputs(x_q, x_kv, mask, kv_cache, head_mask, is_causal, need_weights)
         if unbatched:
             x_q = x_q.unsqueeze(0)  # (1, L_q, d_model)
             x_kv = None if x_kv is None else x_kv.unsqueeze(0)  # (1, L_kv, d_model)
@@ -201,13 +198,13 @@ class MultiHeadAttention(nn.Module):
         return out, weights
 
     # --------------------------------------------------------------------------------------------- validation
-    def _check_inputs(self, x_q, x_kv, mask, kv_cache, head_mask) -> tuple[bool, int, int]:
+    def _check_inputs(self, x_q, x_kv, mask, kv_cache, head_mask, is_causal, need_weights) -> tuple[bool, int, int]:
         """Check shapes, dtypes and devices (metadata only, no device reads). Returns (unbatched, L_q, L_kv)."""
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        check_choice("impl", self.impl, IMPLS)
+        check_bool("is_causal", is_causal)
+        check_bool("need_weights", need_weights)
         weight = self.q_proj.weight
-        if not isinstance(x_q, torch.Tensor):
-            raise TypeError(f"x_q must be a torch.Tensor, got {type(x_q).__name__}")
+        check_type("x_q", x_q, torch.Tensor, "a torch.Tensor")
         if x_q.ndim not in (2, 3):
             raise ValueError(f"x_q must be (N, L_q, d_model) or unbatched (L_q, d_model), got shape "
                              f"{tuple(x_q.shape)} (d_model={self.d_model})")

@@ -8,6 +8,8 @@ Every function is short and carries the equation it computes. Conventions (share
   ``b_o (d_model,)``. ``head_dim`` and ``g = n_kv_heads`` are read from the shapes.
 * Query head ``j`` uses key/value head ``j // (h/g)`` (``g = h``: MHA, ``g = 1``: MQA, between: GQA).
 * Masks are boolean, ``True`` = may attend, broadcastable to the weights' shape ``(..., L_q, L_kv)``.
+  ``is_causal=True`` adds the causal mask, bottom-right aligned (:func:`causal_mask`), combined with ``mask`` by
+  logical and, as in ``mha.MultiHeadAttention``: the same names, order, defaults and errors.
 * A query row with no allowed key gets all-zero weights and an all-zero output row (and zero gradient),
   never NaN. (Softmax over an empty set is undefined; zero is the "attends to nothing" convention.)
 * Inputs containing NaN or inf are rejected with ``ValueError("<name> contains NaN or inf ...")``; every check
@@ -20,12 +22,11 @@ Book: part I, 'Scaled dot-product attention' and 'From one head to h heads'; par
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import numpy as np
 
-from mha._checks import check_int, head_shape
+from mha._checks import attention_scale, check_bool, check_int, head_shape
 
 __all__ = [
     "softmax",
@@ -37,6 +38,7 @@ __all__ = [
     "multi_head_attention_grad",
     "online_softmax_attention",
     "split_heads",
+    "causal_mask",
     "init_params",
 ]
 
@@ -68,20 +70,32 @@ def _as_float_array(name, x):
 
 
 def _check_flag(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
-    return bool(value)
+    return check_bool(name, value)
 
 
 def _check_scale(scale, d_k):
-    """Default ``1/sqrt(d_k)``; otherwise a finite real number."""
-    if scale is None:
-        return 1.0 / math.sqrt(d_k)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a finite real number or None (= 1/sqrt(d_k)), got {scale!r}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite real number or None (= 1/sqrt(d_k)), got {scale!r}")
-    return float(scale)
+    """Default ``1/sqrt(d_k)``; otherwise a finite real number > 0 (the rule ``mha.MultiHeadAttention`` applies)."""
+    return attention_scale(scale, d_k)
+
+
+def causal_mask(l_q, l_kv):
+    """Boolean ``(l_q, l_kv)``, bottom-right aligned: query i (of the *last* l_q positions) may attend to key j iff
+    ``j <= l_kv - l_q + i``. For ``l_q == l_kv`` the lower triangle; with a KV cache (l_q new queries after
+    ``l_kv - l_q`` cached positions) each new query sees every cached key and itself. A query with ``l_kv - l_q + i
+    < 0`` (possible when l_q > l_kv) sees no key.
+
+    Book: part I, 'Scaled dot-product attention' (masks); part II, 'Autoregressive decoding and the KV cache'.
+    """
+    l_q, l_kv = check_int("l_q", l_q), check_int("l_kv", l_kv)
+    return np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q)  # (l_q, l_kv)
+
+
+def _with_causal(mask, is_causal, l_q, l_kv):
+    """``mask`` and (when ``is_causal``) the causal mask, by logical and; None when neither."""
+    if not _check_flag("is_causal", is_causal):
+        return mask
+    causal = causal_mask(l_q, l_kv)  # (l_q, l_kv), broadcasts against any mask
+    return causal if mask is None else np.logical_and(mask, causal)
 
 
 def _check_mask(mask, target_shape, target_desc):
@@ -182,8 +196,9 @@ def _check_params(params, n_heads):
     return p, _Dims(d_model, n_heads, n_kv_heads, head_dim)
 
 
-def _check_mha_inputs(x_q, x_kv, params, n_heads, mask):
-    """All checks for the multi-head functions. Returns 3-D x_q, x_kv, params, dims, mask, unbatched flag."""
+def _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal=False):
+    """All checks for the multi-head functions. Returns 3-D x_q, x_kv, params, dims, mask (the causal mask
+    included), unbatched flag."""
     p, dims = _check_params(params, n_heads)
     x_q = _as_float_array("x_q", x_q)
     if x_q.ndim not in (2, 3):
@@ -215,6 +230,7 @@ def _check_mha_inputs(x_q, x_kv, params, n_heads, mask):
     else:
         target, desc = (x_q.shape[0], dims.n_heads, x_q.shape[1], x_kv.shape[1]), "(N, h, L_q, L_kv)"
     mask = _check_mask(mask, target, desc)
+    mask = _with_causal(mask, is_causal, x_q.shape[1], x_kv.shape[1])
     return x_q, x_kv, p, dims, mask, unbatched
 
 
@@ -248,8 +264,7 @@ def softmax(x, axis=-1, mask=None):
     x = _as_float_array("x", x)
     if x.ndim == 0:
         raise ValueError(f"x must have at least 1 axis, got a scalar (shape {x.shape})")
-    if not isinstance(axis, numbers.Integral) or not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be an integer in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}, got {axis!r}")
+    check_int(f"axis (for x of shape {x.shape})", axis, minimum=-x.ndim, maximum=x.ndim - 1)
     mask = _check_mask(mask, x.shape, "(x.shape)")
     return _masked_softmax(x, mask, axis=axis)
 
@@ -278,11 +293,13 @@ def _scores(q, k, scale):
     return S
 
 
-def _check_attention_args(q, k, v, mask, scale):
-    """Checks shared by the attention functions; returns float64 q, k, v, batch axes, mask, scale."""
+def _check_attention_args(q, k, v, mask, scale, is_causal=False):
+    """Checks shared by the attention functions; returns float64 q, k, v, batch axes, mask (the causal mask
+    included), scale."""
     q, k, v, batch = _check_qkv(q, k, v)
     scale = _check_scale(scale, q.shape[-1])
     mask = _check_mask(mask, batch + (q.shape[-2], k.shape[-2]), "(..., n_q, n_k)")
+    mask = _with_causal(mask, is_causal, q.shape[-2], k.shape[-2])
     return q, k, v, batch, mask, scale
 
 
@@ -292,17 +309,18 @@ def _attention(q, k, v, mask, scale):
     return weights @ v, weights  # (..., n_q, d_v), (..., n_q, n_k)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None, is_causal=False):
     """``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V``.
 
     q ``(..., n_q, d_k)``, k ``(..., n_k, d_k)``, v ``(..., n_k, d_v)``; leading axes broadcast. ``mask`` is boolean,
-    broadcastable to ``(..., n_q, n_k)``, True = may attend. ``scale`` defaults to ``1/sqrt(d_k)``.
+    broadcastable to ``(..., n_q, n_k)``, True = may attend. ``scale`` defaults to ``1/sqrt(d_k)`` (otherwise a
+    finite number > 0). ``is_causal`` adds the bottom-right aligned causal mask (:func:`causal_mask`).
     Returns ``(out (..., n_q, d_v), weights (..., n_q, n_k))``. A query row with no allowed key gets zero weights and
     a zero output row (never NaN).
 
     Book: part I, 'Scaled dot-product attention'; the scale: part I, 'Why divide by sqrt(d_k)'.
     """
-    q, k, v, _, mask, scale = _check_attention_args(q, k, v, mask, scale)
+    q, k, v, _, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
     return _attention(q, k, v, mask, scale)
 
 
@@ -314,7 +332,7 @@ def _sum_to_shape(grad, shape):
     return grad.sum(axis=stretched, keepdims=True) if stretched else grad
 
 
-def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None):
+def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, is_causal=False):
     """Gradients of ``sum(out * grad_out)`` for ``out = softmax(scale q k^T) v``: returns ``(dq, dk, dv)``.
 
     With ``A = softmax(S)``, ``S = scale q k^T``, ``dO = grad_out``::
@@ -326,7 +344,7 @@ def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None):
 
     Book: part II, 'The backward pass'.
     """
-    q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale)
+    q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
     dO = _as_float_array("grad_out", grad_out)
     expected = batch + (q.shape[-2], v.shape[-1])
     if dO.shape != expected:
@@ -375,7 +393,7 @@ def _project(x_q, x_kv, p, dims):
     return q, k, v
 
 
-def multi_head_attention(x_q, x_kv, params, n_heads, mask=None):
+def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False, need_weights=True):
     """``MultiHead(X_q, X_kv) = Concat(head_1, ..., head_h) W^O + b^O``, ``head_i = Attention(Q_i, K_i, V_i)``.
 
     Fused form: one projection per Q/K/V, reshaped to ``(N, h, L, head_dim)``; with GQA each key/value head is
@@ -383,18 +401,22 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None):
 
     x_q ``(N, L_q, d_model)`` or ``(L_q, d_model)``; x_kv the same rank, or None for self-attention (x_kv = x_q).
     ``mask`` boolean, True = may attend, broadcastable to ``(N, h, L_q, L_kv)`` (``(h, L_q, L_kv)`` for 2-D input),
-    so ``(L_q, L_kv)`` causal and ``(N, 1, 1, L_kv)`` padding masks both work.
-    Returns ``(out (N, L_q, d_model), weights (N, h, L_q, L_kv))``, without the N axis for 2-D input.
+    so ``(L_q, L_kv)`` causal and ``(N, 1, 1, L_kv)`` padding masks both work; ``is_causal=True`` adds the
+    bottom-right aligned causal mask. Returns ``(out (N, L_q, d_model), weights (N, h, L_q, L_kv))``, without the N
+    axis for 2-D input; ``weights`` is None with ``need_weights=False`` (as ``mha.MultiHeadAttention``).
     All-masked query rows give zero weights; their output row is ``b_o`` (zero before the output projection).
 
     Book: part I, 'From one head to h heads'; GQA/MQA: part II, 'MQA and GQA'.
     """
-    x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask)
+    x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
+    need_weights = _check_flag("need_weights", need_weights)
     q, k, v = _project(x_q, x_kv, p, dims)
     group = dims.n_heads // dims.n_kv_heads
     heads, weights = scaled_dot_product_attention(q, _repeat_kv(k, group), _repeat_kv(v, group), mask)
     out = _linear(_merge_heads(heads), p["W_o"], p.get("b_o"))  # (N, L_q, d_model)
-    return (out[0], weights[0]) if unbatched else (out, weights)
+    if unbatched:
+        out, weights = out[0], weights[0]
+    return out, weights if need_weights else None
 
 
 def split_heads(params, n_heads):
@@ -434,7 +456,7 @@ def split_heads(params, n_heads):
     return heads
 
 
-def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None):
+def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_causal=False, need_weights=True):
     """The literal per-head form: ``out = sum_i Attention(X_q W_i^Q, X_kv W_i^K, X_kv W_i^V) W_i^O + b^O``.
 
     A Python loop over heads with the separate matrices of ``split_heads``. Concatenating heads and multiplying by
@@ -443,7 +465,8 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None):
 
     Book: part I, 'From one head to h heads'.
     """
-    x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask)
+    x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
+    need_weights = _check_flag("need_weights", need_weights)
     N, L_q, L_kv = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
     if mask is not None:
         mask = np.broadcast_to(mask, (N, dims.n_heads, L_q, L_kv))  # (N, h, L_q, L_kv)
@@ -457,10 +480,12 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None):
         out += head_i @ head["W_o_i"]  # (N, L_q, d_model)
     if "b_o" in p:
         out += p["b_o"]
-    return (out[0], weights[0]) if unbatched else (out, weights)
+    if unbatched:
+        out, weights = out[0], weights[0]
+    return out, weights if need_weights else None
 
 
-def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None):
+def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, is_causal=False):
     """Hand-derived gradients of ``sum(multi_head_attention(...)[0] * grad_out)``.
 
     Returns a dict with ``'x_q'``, ``'x_kv'`` and one entry per key of ``params`` (same shapes as the inputs; a bias
@@ -477,7 +502,7 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None):
     No autograd: every step is written out. Book: part II, 'The backward pass' (and 'MQA and GQA').
     """
     self_attention = x_kv is None
-    x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask)
+    x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
     N, L_q = x_q.shape[:2]
     dO = _as_float_array("grad_out", grad_out)
     expected = (L_q, dims.d_model) if unbatched else (N, L_q, dims.d_model)
@@ -539,8 +564,8 @@ def _row_state(m, l):
     return {"m": m[..., 0].copy(), "l": l[..., 0].copy(), "lse": (m + lse)[..., 0]}
 
 
-def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, return_stats=False, return_state=False,
-                             keep_history=False):
+def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_causal=False, return_stats=False,
+                             return_state=False, keep_history=False):
     """Exact attention without the n_q x n_k matrix: keys/values visited in blocks of ``block_size``.
 
     Running row max ``m``, running normaliser ``l`` and un-normalised accumulator ``acc``; for each key block B::
@@ -548,7 +573,8 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, return_
         S_B = scale q K_B^T            m' = max(m, rowmax(S_B))         P = exp(S_B - m')
         l' = exp(m - m') l + rowsum(P)                 acc' = exp(m - m') acc + P V_B
 
-    and finally ``out = acc / l``. Same arguments and conventions as ``scaled_dot_product_attention`` plus
+    and finally ``out = acc / l``. Same arguments and conventions as ``scaled_dot_product_attention`` (``mask``,
+    ``scale``, ``is_causal``) plus
     ``block_size`` (integer >= 1; larger than n_k means a single block). Returns ``out`` only (the weights are
     exactly what this form never stores). All-masked query rows give a zero output row. Equal to the naive form to
     float64 rounding.
@@ -580,7 +606,7 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, return_
 
     Book: part II, 'Exact attention without the n x n matrix (online softmax)'.
     """
-    q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale)
+    q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
     block_size = check_int("block_size", block_size)
     return_stats = _check_flag("return_stats", return_stats)
     return_state = _check_flag("return_state", return_state)

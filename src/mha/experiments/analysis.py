@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mha._checks import check_int
+from mha._checks import check_float, check_int, check_shape, check_type
 from mha.experiments.model import TinyTransformer
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import evaluate
@@ -148,9 +148,7 @@ def induction_score(weights, period: int) -> np.ndarray:
     """
     w = _check_weights(weights)
     length = w.shape[-1]
-    if isinstance(period, bool) or not isinstance(period, int) or not 2 <= period < length:
-        raise ValueError(f"period must be an int in [2, L - 1] = [2, {length - 1}] (the repeat must start inside "
-                         f"the sequence), got {period!r}")
+    check_int("period (the repeat must start inside the sequence)", period, minimum=2, maximum=length - 1)
     # Query t attends to key t - (period - 1): the diagonal at offset period - 1, from query `period` on.
     diagonal = np.diagonal(w, offset=-(period - 1), axis1=-2, axis2=-1)  # (N, h, L - period + 1), t = period-1..
     return diagonal[:, :, 1:].mean(axis=(0, 2))  # queries t = period .. L - 1
@@ -170,10 +168,10 @@ def repeat_induction_scores(model: TinyTransformer, periods, batch_size: int = 3
         raise TypeError(f"model must be a mha.model.TinyTransformer, got {type(model).__name__}")
     periods = list(periods)
     block_size = model.config.block_size
-    bad = [p for p in periods if isinstance(p, bool) or not isinstance(p, int) or not 2 <= p <= (block_size + 1) // 2]
-    if not periods or bad:
-        raise ValueError(f"periods must be ints in [2, (block_size + 1) // 2] = [2, {(block_size + 1) // 2}] (two "
-                         f"copies of 2T - 1 tokens must fit in block_size={block_size}), got {periods!r}")
+    if not periods:
+        raise ValueError("periods must hold at least one repeat length")
+    for i, period in enumerate(periods):  # two copies of 2T - 1 tokens must fit in block_size
+        check_int(f"periods[{i}] (with block_size={block_size})", period, minimum=2, maximum=(block_size + 1) // 2)
     device = model.lm_head.weight.device
     scores = []
     for period in periods:
@@ -309,8 +307,7 @@ def pairwise_head_js(weights, first_query: int = 1) -> np.ndarray:
     Book: part III, "What heads learn".
     """
     w = _check_weights(weights)
-    if isinstance(first_query, bool) or not isinstance(first_query, int) or not 0 <= first_query < w.shape[-2]:
-        raise ValueError(f"first_query must be an int in [0, L - 1] = [0, {w.shape[-2] - 1}], got {first_query!r}")
+    check_int("first_query", first_query, minimum=0, maximum=w.shape[-2] - 1)
     rows = w[:, :, first_query:, :]  # (N, h, L', L)
     n_heads = w.shape[1]
     out = np.zeros((n_heads, n_heads))
@@ -427,9 +424,8 @@ def _check_head_mask(model: TinyTransformer, head_mask) -> torch.Tensor:
     weight = model.lm_head.weight
     if head_mask is None:
         return torch.ones(shape, dtype=weight.dtype, device=weight.device)
-    if not isinstance(head_mask, torch.Tensor) or tuple(head_mask.shape) != shape:
-        got = tuple(head_mask.shape) if isinstance(head_mask, torch.Tensor) else type(head_mask).__name__
-        raise ValueError(f"head_mask must be a tensor of shape (n_layers, n_heads) = {shape}, got {got}")
+    check_type("head_mask", head_mask, torch.Tensor, f"a tensor of shape (n_layers, n_heads) = {shape}")
+    check_shape("head_mask", head_mask, shape, names="(n_layers, n_heads)")
     return head_mask.detach().to(device=weight.device, dtype=weight.dtype)
 
 
@@ -614,8 +610,7 @@ def prunable_fraction(curve: list[dict], tolerance: float = 0.01, metric: str = 
         raise ValueError("curve must start with the unpruned model (fraction 0)")
     if curve[0][metric] is None:
         raise ValueError(f"curve has no {metric} (a task without accuracy: use metric='val_loss')")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < math.inf:
-        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    tolerance = check_float("tolerance", tolerance, minimum=0.0)
     base = curve[0][metric]
     best = 0.0
     for point in curve:

@@ -394,7 +394,7 @@ def section_attention(cfg: BenchConfig, device: torch.device, progress: bool = T
         causal_mask = nn.Transformer.generate_square_subsequent_mask(seq_len, device=device, dtype=dtype)
 
         def call_ours(module, inp):
-            return module(inp, is_causal=causal)[0]
+            return module(inp, is_causal=causal, need_weights=False)[0]
 
         def call_theirs(module, inp):
             if causal:  # torch's module needs the mask itself and takes is_causal as a hint that it is causal
@@ -458,7 +458,7 @@ def section_naive(cfg: BenchConfig, device: torch.device, progress: bool = True)
         x, grad_out = _attention_inputs(cfg, device, dtype, d_model, seq_len, generator)
 
         def call(module, inp):
-            return module(inp, is_causal=causal)[0]
+            return module(inp, is_causal=causal, need_weights=False)[0]
 
         if mode == "forward":
             def fn_naive():
@@ -623,7 +623,7 @@ def section_gflops(cfg: BenchConfig, device: torch.device, progress: bool = True
 
         def attention():
             with torch.no_grad():
-                return module(x)[0]
+                return module(x, need_weights=False)[0]
 
         def matmul():
             return a @ b
