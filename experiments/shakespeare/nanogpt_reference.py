@@ -140,19 +140,17 @@ class GPT(nn.Module):
             ln_f=LayerNorm(config.n_embd, config.bias)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
+        # nanoGPT's initialisation, module by module in the order apply() visits them (children first): N(0, 0.02)
+        # for every Linear and Embedding weight, zero biases; then GPT-2's smaller init of the residual projections.
+        for module in _children_first(self):
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=residual_std)
 
     def forward(self, idx, targets=None):
         positions = torch.arange(idx.shape[1], device=idx.device)  # (T,)
@@ -162,6 +160,13 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+
+def _children_first(module: nn.Module):
+    """Every submodule, children before their parent: the order in which ``nn.Module.apply`` visits them."""
+    for child in module.children():
+        yield from _children_first(child)
+    yield module
 
 
 def prepare(text: str) -> tuple[list[str], np.ndarray, np.ndarray]:

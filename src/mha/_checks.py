@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 __all__ = ["check_int", "check_float", "check_bool", "check_choice", "check_shape", "check_type", "head_shape",
-           "attention_scale"]
+           "attention_scale", "check_like"]
 
 
 def _type_name(value) -> str:
@@ -33,7 +33,7 @@ def check_int(name: str, value, minimum: int | None = 1, maximum: int | None = N
     below ``minimum`` or above ``maximum`` (``None``: no bound). The message names the argument, what it got and
     what was expected.
     """
-    expected = _int_range(minimum, maximum)
+    expected = _interval("an integer", minimum, maximum)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be {expected}, got {value!r} of type {_type_name(value)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -41,14 +41,15 @@ def check_int(name: str, value, minimum: int | None = 1, maximum: int | None = N
     return int(value)
 
 
-def _int_range(minimum, maximum) -> str:
+def _interval(kind: str, minimum, maximum, min_inclusive: bool = True, max_inclusive: bool = True) -> str:
+    """Words for the values allowed: "<kind> in [a, b]", "<kind> >= a", "<kind> < b" or "<kind>"."""
     if minimum is not None and maximum is not None:
-        return f"an integer in [{minimum}, {maximum}]"
+        return f"{kind} in {'[' if min_inclusive else '('}{minimum:g}, {maximum:g}{']' if max_inclusive else ')'}"
     if minimum is not None:
-        return f"an integer >= {minimum}"
+        return f"{kind} {'>=' if min_inclusive else '>'} {minimum:g}"
     if maximum is not None:
-        return f"an integer <= {maximum}"
-    return "an integer"
+        return f"{kind} {'<=' if max_inclusive else '<'} {maximum:g}"
+    return kind
 
 
 def check_float(name: str, value, minimum: float | None = None, maximum: float | None = None,
@@ -59,7 +60,8 @@ def check_float(name: str, value, minimum: float | None = None, maximum: float |
     ``finite=False``, which still refuses NaN) or a value outside the interval given by ``minimum``/``maximum``
     (each ``None`` for no bound; ``min_inclusive``/``max_inclusive`` choose ``[`` or ``(``).
     """
-    expected = _float_range(minimum, maximum, min_inclusive, max_inclusive, finite)
+    expected = _interval("a finite real number" if finite else "a real number", minimum, maximum, min_inclusive,
+                         max_inclusive)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {expected}, got {value!r} of type {_type_name(value)}")
     value = float(value)
@@ -70,17 +72,6 @@ def check_float(name: str, value, minimum: float | None = None, maximum: float |
     if maximum is not None and (value > maximum or (value == maximum and not max_inclusive)):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return value
-
-
-def _float_range(minimum, maximum, min_inclusive, max_inclusive, finite) -> str:
-    kind = "a finite real number" if finite else "a real number"
-    if minimum is not None and maximum is not None:
-        return f"{kind} in {'[' if min_inclusive else '('}{minimum:g}, {maximum:g}{']' if max_inclusive else ')'}"
-    if minimum is not None:
-        return f"{kind} {'>=' if min_inclusive else '>'} {minimum:g}"
-    if maximum is not None:
-        return f"{kind} {'<=' if max_inclusive else '<'} {maximum:g}"
-    return kind
 
 
 def check_bool(name: str, value) -> bool:
@@ -156,3 +147,11 @@ def attention_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     return check_float("scale", scale, minimum=0.0, min_inclusive=False)
+
+
+def check_like(name: str, value, other_name: str, other) -> None:
+    """``value`` (a tensor) has the dtype (else TypeError) and the device (else ValueError) of ``other``."""
+    if value.dtype != other.dtype:
+        raise TypeError(f"{name} must have the dtype of {other_name} ({other.dtype}), got {value.dtype}")
+    if value.device != other.device:
+        raise ValueError(f"{name} must be on the device of {other_name} ({other.device}), got {value.device}")

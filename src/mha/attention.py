@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha._checks import attention_scale, check_bool, check_choice, check_float, check_type, head_shape
+from mha._checks import attention_scale, check_bool, check_choice, check_float, check_like, check_type, head_shape
 from mha.kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention"]
@@ -208,10 +208,7 @@ class MultiHeadAttention(nn.Module):
         if x_q.ndim not in (2, 3):
             raise ValueError(f"x_q must be (N, L_q, d_model) or unbatched (L_q, d_model), got shape "
                              f"{tuple(x_q.shape)} (d_model={self.d_model})")
-        if x_q.shape[-1] != self.d_model:
-            raise ValueError(f"x_q's last dimension must be d_model={self.d_model}, got shape {tuple(x_q.shape)}")
-        if x_q.shape[-2] == 0:
-            raise ValueError(f"x_q must have at least one position, got shape {tuple(x_q.shape)}")
+        self._check_width_and_length("x_q", x_q)
         if x_q.dtype != weight.dtype:
             raise TypeError(f"x_q has dtype {x_q.dtype} but the module's parameters have dtype {weight.dtype}")
         if x_q.device != weight.device:
@@ -224,33 +221,23 @@ class MultiHeadAttention(nn.Module):
             if kv_cache is not None:
                 raise ValueError("kv_cache is for self-attention only: x_kv must be None when kv_cache is given, "
                                  f"got x_kv of shape {tuple(x_kv.shape)}")
-            if not isinstance(x_kv, torch.Tensor):
-                raise TypeError(f"x_kv must be a torch.Tensor or None, got {type(x_kv).__name__}")
+            check_type("x_kv", x_kv, torch.Tensor, "a torch.Tensor or None")
             if x_kv.ndim != x_q.ndim:
                 raise ValueError(f"x_kv must have the same rank as x_q: x_q has shape {tuple(x_q.shape)}, x_kv has "
                                  f"shape {tuple(x_kv.shape)}")
-            if x_kv.shape[-1] != self.d_model:
-                raise ValueError(f"x_kv's last dimension must be d_model={self.d_model}, got shape "
-                                 f"{tuple(x_kv.shape)}")
+            self._check_width_and_length("x_kv", x_kv)
             if not unbatched and x_kv.shape[0] != x_q.shape[0]:
                 raise ValueError(f"batch size mismatch: x_q has shape {tuple(x_q.shape)}, x_kv has shape "
                                  f"{tuple(x_kv.shape)}")
-            if x_kv.shape[-2] == 0:
-                raise ValueError(f"x_kv must have at least one position, got shape {tuple(x_kv.shape)}")
-            if x_kv.dtype != x_q.dtype:
-                raise TypeError(f"dtype mismatch: x_q has dtype {x_q.dtype}, x_kv has dtype {x_kv.dtype}")
-            if x_kv.device != x_q.device:
-                raise ValueError(f"device mismatch: x_q is on {x_q.device}, x_kv is on {x_kv.device}")
+            check_like("x_kv", x_kv, "x_q", x_q)
             l_kv = x_kv.shape[-2]
         if kv_cache is not None:
-            if not isinstance(kv_cache, KVCache):
-                raise TypeError(f"kv_cache must be a mha.KVCache or None, got {type(kv_cache).__name__}")
+            check_type("kv_cache", kv_cache, KVCache, "a mha.KVCache or None")
             kv_cache.check_append(n, l_q, self.n_kv_heads, self.head_dim, x_q.dtype, x_q.device,
                                   who="x_q (its keys/values)")
             l_kv = kv_cache.length + l_q
         if mask is not None:
-            if not isinstance(mask, torch.Tensor):
-                raise TypeError(f"mask must be a boolean torch.Tensor or None, got {type(mask).__name__}")
+            check_type("mask", mask, torch.Tensor, "a boolean torch.Tensor or None")
             if mask.dtype != torch.bool:
                 raise TypeError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
             if mask.device != x_q.device:
@@ -264,8 +251,7 @@ class MultiHeadAttention(nn.Module):
             if not ok:
                 raise ValueError(f"mask of shape {tuple(mask.shape)} is not broadcastable to {names} = {target}")
         if head_mask is not None:
-            if not isinstance(head_mask, torch.Tensor):
-                raise TypeError(f"head_mask must be a torch.Tensor or None, got {type(head_mask).__name__}")
+            check_type("head_mask", head_mask, torch.Tensor, "a torch.Tensor or None")
             if head_mask.shape != (self.n_heads,):
                 raise ValueError(f"head_mask must have shape (n_heads,) = ({self.n_heads},), got shape "
                                  f"{tuple(head_mask.shape)}")
@@ -274,6 +260,13 @@ class MultiHeadAttention(nn.Module):
             if head_mask.device != x_q.device:
                 raise ValueError(f"device mismatch: head_mask is on {head_mask.device}, x_q is on {x_q.device}")
         return unbatched, l_q, l_kv
+
+    def _check_width_and_length(self, name: str, x: torch.Tensor) -> None:
+        """x (.., L, d_model) with d_model the module's and at least one position."""
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"{name}'s last dimension must be d_model={self.d_model}, got shape {tuple(x.shape)}")
+        if x.shape[-2] == 0:
+            raise ValueError(f"{name} must have at least one position, got shape {tuple(x.shape)}")
 
     # ---------------------------------------------------------------------------------------- NumPy exchange
     def _param_specs(self) -> dict[str, tuple[torch.Tensor, tuple[int, ...], bool]]:

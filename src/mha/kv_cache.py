@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from mha._checks import check_int
+from mha._checks import check_int, check_like, check_type
 
 __all__ = ["KVCache"]
 
@@ -112,17 +112,13 @@ class KVCache:
         positions included). Raises, writing nothing, on a shape/dtype/device mismatch or on overflow.
         """
         for name, t in [("k_new", k_new), ("v_new", v_new)]:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_type(name, t, torch.Tensor, "a torch.Tensor")
             if t.ndim != 4:
                 raise ValueError(f"{name} must be 4-D (N, n_kv_heads, T, head_dim), got shape {tuple(t.shape)}")
         if k_new.shape != v_new.shape:
             raise ValueError(f"k_new and v_new must have the same shape, got {tuple(k_new.shape)} and "
                              f"{tuple(v_new.shape)}")
-        if v_new.dtype != k_new.dtype:
-            raise TypeError(f"k_new and v_new must have the same dtype, got {k_new.dtype} and {v_new.dtype}")
-        if v_new.device != k_new.device:
-            raise ValueError(f"k_new and v_new must be on the same device, got {k_new.device} and {v_new.device}")
+        check_like("v_new", v_new, "k_new", k_new)
         n, g, t, d = k_new.shape
         self.check_append(n, t, g, d, k_new.dtype, k_new.device)
         start, stop = self.length, self.length + t

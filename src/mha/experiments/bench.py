@@ -379,6 +379,24 @@ def _forward_backward(module, x, grad_out, call):
     return out
 
 
+def _contenders(mode: str, a, b, x, grad_out):
+    """Two zero-argument callables from (module, call) pairs: a forward under ``torch.no_grad`` ("forward") or a
+    forward and backward with fresh gradients ("forward_backward", x then requires grad)."""
+    def make(module, call):
+        if mode == "forward":
+            def fn():
+                with torch.no_grad():
+                    return call(module, x)
+        else:
+            def fn():
+                return _forward_backward(module, x, grad_out, call)
+        return fn
+
+    if mode != "forward":
+        x.requires_grad_(True)
+    return make(*a), make(*b)
+
+
 def section_attention(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
     """``mha.MultiHeadAttention`` (sdpa) vs ``torch.nn.MultiheadAttention``; ratio = ours / torch (target <= 1)."""
     points_spec = [(dtype, d_model, seq_len, causal, mode) for dtype in _dtypes(device) for d_model in cfg.d_models
@@ -401,25 +419,10 @@ def section_attention(cfg: BenchConfig, device: torch.device, progress: bool = T
                 return module(inp, inp, inp, attn_mask=causal_mask, is_causal=True, need_weights=False)[0]
             return module(inp, inp, inp, need_weights=False)[0]
 
+        fn_ours, fn_theirs = _contenders(mode, (ours, call_ours), (theirs, call_theirs), x, grad_out)
         if mode == "forward":
-            def fn_ours():
-                with torch.no_grad():
-                    return call_ours(ours, x)
-
-            def fn_theirs():
-                with torch.no_grad():
-                    return call_theirs(theirs, x)
-
             check = _match_all([(fn_ours(), fn_theirs())])
         else:
-            x.requires_grad_(True)
-
-            def fn_ours():
-                return _forward_backward(ours, x, grad_out, call_ours)
-
-            def fn_theirs():
-                return _forward_backward(theirs, x, grad_out, call_theirs)
-
             out_ours = fn_ours().detach()
             grads_ours = (x.grad.clone(), ours.q_proj.weight.grad.clone(), ours.o_proj.weight.grad.clone())
             out_theirs = fn_theirs().detach()
@@ -460,25 +463,10 @@ def section_naive(cfg: BenchConfig, device: torch.device, progress: bool = True)
         def call(module, inp):
             return module(inp, is_causal=causal, need_weights=False)[0]
 
+        fn_naive, fn_sdpa = _contenders(mode, (naive, call), (sdpa, call), x, grad_out)
         if mode == "forward":
-            def fn_naive():
-                with torch.no_grad():
-                    return call(naive, x)
-
-            def fn_sdpa():
-                with torch.no_grad():
-                    return call(sdpa, x)
-
             check = _match_all([(fn_naive(), fn_sdpa())])
         else:
-            x.requires_grad_(True)
-
-            def fn_naive():
-                return _forward_backward(naive, x, grad_out, call)
-
-            def fn_sdpa():
-                return _forward_backward(sdpa, x, grad_out, call)
-
             out_naive = fn_naive().detach()
             grads_naive = [x.grad.clone()] + [p.grad.clone() for p in naive.parameters()]
             out_sdpa = fn_sdpa().detach()
