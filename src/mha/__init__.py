@@ -11,6 +11,8 @@ Submodules
 ``mha.model``, ``mha.tasks``, ``mha.train``, ``mha.sweep``, ``mha.bench``: the experiment suite.
 ``mha.analysis``   head scores, similarity, importance and pruning for trained models (book part III).
 ``mha.viz``        ``attention_explorer``: an interactive attention-map viewer for the static HTML book.
+``mha.exercises``  graded "write it yourself" checkers: ``check_softmax(my_softmax)`` and ten more, each naming the
+                   book's equation and the known bug that a wrong result matches.
 """
 
 from importlib import import_module
@@ -22,7 +24,7 @@ _LAZY = {
     "KVCache": "mha.kv_cache",
 }
 _SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "model", "tasks", "train", "sweep", "bench",
-               "analysis", "viz"}
+               "analysis", "viz", "exercises"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
