@@ -466,6 +466,11 @@ def sdpa_divide_by_d_k(q, k, v, mask=None, scale=None):
     return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: 1 / q.shape[-1]))
 
 
+@bug("check_scaled_dot_product_attention", "scale_inverted")
+def sdpa_multiply_by_sqrt(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: math.sqrt(q.shape[-1])))
+
+
 @bug("check_scaled_dot_product_attention", "scale_d_v")
 def sdpa_scale_by_d_v(q, k, v, mask=None, scale=None):
     return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: v.shape[-1] ** -0.5))
@@ -637,6 +642,16 @@ def mha_forgets_b_q(x_q, x_kv, params, n_heads, mask=None):
     return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q",))
 
 
+@bug("check_multi_head_attention", "missing_bias_v")
+def mha_forgets_b_v(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_v",))
+
+
+@bug("check_multi_head_attention", "missing_input_biases")
+def mha_projections_without_bias(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q", "b_k", "b_v"))
+
+
 @bug("check_multi_head_attention", "missing_biases")
 def mha_ignores_biases(x_q, x_kv, params, n_heads, mask=None):
     return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q", "b_k", "b_v", "b_o"))
@@ -721,6 +736,16 @@ def causal_without_diagonal(l_q, l_kv):
 @bug("check_causal_mask", "causal_inverted")
 def causal_marks_future(l_q, l_kv):
     return np.triu(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q + 1)
+
+
+@bug("check_causal_mask", "causal_transposed")
+def causal_upper_triangle(l_q, l_kv):
+    return np.triu(np.ones((l_q, l_kv), dtype=bool))
+
+
+@bug("check_causal_mask", "causal_transposed")
+def causal_keys_on_rows(l_q, l_kv):
+    return np.tril(np.ones((l_kv, l_q), dtype=bool))  # (l_kv, l_q): right only when square
 
 
 @bug("check_causal_mask", "mask_not_boolean")

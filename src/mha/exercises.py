@@ -700,9 +700,10 @@ def _run(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cases: l
         changed = [name for name, passed, pristine in zip(names, args, case.args) if not _unchanged(passed, pristine)]
         changed += [name for name, value in case.kwargs.items() if not _unchanged(kwargs[name], value)]
         if changed:
-            raise ExerciseError(f"{_header(checker, case, backend)}: {KNOWN_BUGS['modifies_input'].description}: "
-                                f"{', '.join(changed)} changed.\nHint: {KNOWN_BUGS['modifies_input'].hint}",
-                                checker, case.name, "modifies_input")
+            known = KNOWN_BUGS["modifies_input"]
+            raise ExerciseError(f"{_header(checker, case, backend)}: after the call, {', '.join(changed)} no longer "
+                                f"held what was passed in.\nThis matches a known bug: {known.description}.\n"
+                                f"Hint: {known.hint}", checker, case.name, "modifies_input")
         actual = _unpack(checker, case, backend, outputs, result)
         wrong = [i for i, (a, e) in enumerate(zip(actual, case.expected)) if not _same(a, e)]
         if wrong:
