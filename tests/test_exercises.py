@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -342,3 +344,42 @@ def test_import_is_cheap_and_numpy_checks_do_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "exercises" in __import__("mha").__all__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The book: every part I and part II chapter ends with a write-it-yourself block whose solution passes its checker.
+# ---------------------------------------------------------------------------------------------------------------
+
+CHAPTERS = sorted((ROOT / "book").glob("part[12]/*.md"))
+BLOCK = re.compile(
+    r"^% write-it-yourself: (?P<checkers>[\w, ]+)\n(?P<body>.*?)^% end write-it-yourself\n", re.M | re.S)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[f"{p.parent.name}/{p.stem}" for p in CHAPTERS])
+def test_chapter_ends_with_a_write_it_yourself_block_whose_solution_passes(chapter):
+    text = chapter.read_text(encoding="utf-8")
+    blocks = list(BLOCK.finditer(text))
+    assert len(blocks) == 1, "one write-it-yourself block per chapter"
+    block = blocks[0]
+    assert text.index("## Exercises") < block.start() and not text[block.end():].strip(), "at the end of Exercises"
+    checkers = [name.strip() for name in block["checkers"].split(",")]
+    assert checkers and set(checkers) <= set(CHECKERS)
+    body = block["body"]
+    stub = re.search(r"^```python\n(.*?)^```", body, re.M | re.S).group(1)
+    assert "raise NotImplementedError" in stub
+    solution = re.search(r":class: dropdown\n```python\n(.*?)^```", body, re.M | re.S).group(1)
+    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input\]\n\n(.*?)^```", body, re.M | re.S).group(1)
+    assert cell.startswith(solution), "the verified code is the solution shown"
+    assert all(f"exercises.{name}(" in cell for name in checkers)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(cell, str(chapter), "exec"), {})  # the checkers accept the book's solution
+    assert printed.getvalue().startswith("The solution above passes")
+
+
+def test_appendix_lists_every_checker():
+    page = (ROOT / "book" / "appendix" / "exercises.md").read_text(encoding="utf-8")
+    front_matter = (ROOT / "book" / "appendix" / "notation.md").read_text(encoding="utf-8").split("\n---\n")[0]
+    assert page.startswith(front_matter + "\n---\n\n# Check your own implementation")
+    for name in CHECKERS:
+        assert f"| `{name}(fn" in page, name
