@@ -135,7 +135,7 @@ EQ_DQ_DK = Equation("bwd-attn-dq-dk", BWD_CH)
 class KnownBug(NamedTuple):
     description: str  # what the buggy code computes
     hint: str  # where to look
-    equation: Equation  # the equation it breaks
+    equation: Equation | None  # the equation it breaks (None: not about an equation)
 
 
 KNOWN_BUGS: dict[str, KnownBug] = {
@@ -164,7 +164,7 @@ KNOWN_BUGS: dict[str, KnownBug] = {
     "modifies_input": KnownBug(
         "your function changed one of its inputs in place (for example x -= x.max(...), or masked_fill_)",
         "work on new arrays: x = x - x.max(axis, keepdims=True) creates one; x -= ... overwrites the caller's data.",
-        EQ_SDPA),
+        None),
     # --- scaled dot-product attention -----------------------------------------------------------------------------
     "no_scale": KnownBug(
         "the scores are not scaled: softmax(QK^T) instead of softmax(QK^T / sqrt(d_k))",
@@ -595,7 +595,7 @@ def _show(name: str, expected: np.ndarray, actual) -> str:
 
 def _describe_bug(bug: str, equation: Equation) -> str:
     known = KNOWN_BUGS[bug]
-    where = "" if known.equation == equation else (
+    where = "" if known.equation in (None, equation) else (
         f" (book Eq. {known.equation.label}, {known.equation.chapter})")
     return f"This matches a known bug: {known.description}{where}.\nHint: {known.hint}"
 
@@ -707,11 +707,12 @@ def _run(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cases: l
         actual = _unpack(checker, case, backend, outputs, result)
         wrong = [i for i, (a, e) in enumerate(zip(actual, case.expected)) if not _same(a, e)]
         if wrong:
-            raise ExerciseError(_mismatch_message(checker, case, backend, outputs, actual, wrong),
-                                checker, case.name, _diagnose(case, actual))
+            bug = _diagnose(case, actual)
+            raise ExerciseError(_mismatch_message(checker, case, backend, outputs, actual, wrong, bug),
+                                checker, case.name, bug)
 
 
-def _mismatch_message(checker, case, backend, outputs, actual, wrong) -> str:
+def _mismatch_message(checker, case, backend, outputs, actual, wrong, bug) -> str:
     first = wrong[0]
     spec, expected, got = outputs[first], case.expected[first], actual[first]
     lines = f"{_header(checker, case, backend)}: {spec.name} differs from {spec.formula} " \
@@ -722,7 +723,6 @@ def _mismatch_message(checker, case, backend, outputs, actual, wrong) -> str:
         also = [o.name for i, o in enumerate(outputs) if i in wrong[1:]]
         parts = ([f"also wrong: {', '.join(also)}"] if also else []) + ([f"right: {', '.join(right)}"] if right else [])
         lines += "    (" + "; ".join(parts) + ")\n"
-    bug = _diagnose(case, actual)
     if bug is not None:
         return lines + _describe_bug(bug, spec.equation)
     lines += "This matches none of the known bugs this checker simulates."
