@@ -242,6 +242,17 @@ def test_exceptions_are_reported_with_the_case_and_chained():
     assert isinstance(info.value.__cause__, ZeroDivisionError) and info.value.bug is None
 
 
+def test_the_unfilled_stub_is_reported_once_with_a_hint():
+    def my_attention(q, k, v, mask=None, scale=None):
+        raise NotImplementedError  # your code here
+
+    with pytest.raises(E.ExerciseError) as info:
+        E.check_scaled_dot_product_attention(my_attention)  # auto: fails with NumPy and with torch, same error
+    message = str(info.value)
+    assert message.count("NotImplementedError") == 2  # the error once, and the hint
+    assert "Hint: replace the stub's `raise NotImplementedError` with your code." in message
+
+
 def test_an_error_only_on_batched_inputs_points_at_the_transpose():
     def two_d_only(q, k, v, mask=None, scale=None):
         weights = R.softmax(q @ k.T / np.sqrt(q.shape[-1]), mask=mask)  # k.T: right for 2-D k only

@@ -634,8 +634,14 @@ def _exception_text(exc) -> str:
 
 def _exception_message(checker, case, backend, excs) -> tuple[str, str | None]:
     """The message for a case on which fn raised: ``excs`` is [(exception, 'with NumPy arrays' or '')]."""
-    raised = "; and ".join(f"{where}{' ' if where else ''}{_exception_text(exc)}" for exc, where in excs)
+    if len({_exception_text(exc) for exc, _ in excs}) == 1:  # the same error with both backends: say it once
+        excs = excs[:1]
+        raised = _exception_text(excs[0][0])
+    else:
+        raised = "; and ".join(f"{where}{' ' if where else ''}{_exception_text(exc)}" for exc, where in excs)
     message = f"{_header(checker, case, backend)}: your function raised {raised}\n"
+    if any(isinstance(exc, NotImplementedError) for exc, _ in excs):
+        return message + "Hint: replace the stub's `raise NotImplementedError` with your code.", None
     for exc, _ in reversed(excs):  # with both backends tried, the torch error (last) is usually the telling one
         for fragment, hint in _ERROR_HINTS:
             if fragment in str(exc):
