@@ -41,6 +41,7 @@ appendix 'Check your own implementation' lists them all.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -492,6 +493,16 @@ def _check_fn(checker: str, fn) -> None:
                         f"{type(fn).__name__}")
 
 
+def _checker(body):
+    """Decorator for the public checkers: validate ``fn`` and ``backend`` before any case is built."""
+    @functools.wraps(body)
+    def check(fn, *args, backend: str = "auto", **kwargs):
+        _check_fn(body.__name__, fn)
+        check_choice("backend", backend, _BACKENDS)
+        return body(fn, *args, backend=backend, **kwargs)
+    return check
+
+
 def _torch():
     return import_module("torch")
 
@@ -686,8 +697,6 @@ def _run(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cases: l
 
     ``inputs`` names fn's positional arguments (for messages), ``outputs`` describes what it returns.
     """
-    _check_fn(checker, fn)
-    backend = check_choice("backend", backend, _BACKENDS)
     if backend == "auto":
         backend, failures = _pick_backend(fn, cases[0])
         if failures:
@@ -870,6 +879,7 @@ def _softmax_case(name, x, axis, note=""):
     return _Case(name, (x,), {"axis": axis}, expected, _variants(sim, bugs), note)
 
 
+@_checker
 def check_softmax(fn, *, backend: str = "auto") -> None:
     """Check ``fn(x, axis=-1)``: the softmax of ``x`` along ``axis``, safe for any finite logits.
 
@@ -946,6 +956,7 @@ def _t(x):
     return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
 
 
+@_checker
 def check_scaled_dot_product_attention(fn, *, backend: str = "auto") -> None:
     """Check ``fn(q, k, v, mask=None, scale=None) -> (out, weights)``, as ``reference.scaled_dot_product_attention``.
 
@@ -1023,6 +1034,7 @@ def _split_case(label, y, n_heads):
     return _Case(name, (y, n_heads), {}, expected, variants)
 
 
+@_checker
 def check_split_heads(fn, *, backend: str = "auto") -> None:
     """Check ``fn(y, n_heads)``: ``(N, L, n_heads*head_dim) -> (N, n_heads, L, head_dim)``; head i is column block i.
 
@@ -1051,6 +1063,7 @@ def _merge_case(label, y):
     return _Case(name, (y,), {}, (reference._merge_heads(y),), variants)
 
 
+@_checker
 def check_merge_heads(fn, *, backend: str = "auto") -> None:
     """Check ``fn(y)``: ``(N, n_heads, L, head_dim) -> (N, L, n_heads*head_dim)``, the concatenation of the heads.
 
@@ -1162,6 +1175,7 @@ def _mha_case(label, rng, *, N=2, L_q=5, L_kv=None, d_model=12, n_heads=3, n_kv_
     return _Case(name, (x_q, x_kv, params, n_heads), kwargs, expected, variants, note)
 
 
+@_checker
 def check_multi_head_attention(fn, *, gqa: bool = False, backend: str = "auto") -> None:
     """Check ``fn(x_q, x_kv, params, n_heads, mask=None) -> (out, weights)``, as ``mha.reference.multi_head_attention``.
 
@@ -1252,6 +1266,7 @@ def _causal_case(label, l_q, l_kv):
     return _Case(f"{label}: l_q={l_q}, l_kv={l_kv}", (l_q, l_kv), {}, (expected,), variants)
 
 
+@_checker
 def check_causal_mask(fn, *, backend: str = "auto") -> None:
     """Check ``fn(l_q, l_kv)``: the boolean ``(l_q, l_kv)`` causal mask, True = may attend, bottom-right aligned.
 
@@ -1289,6 +1304,7 @@ def _repeat_case(label, y, n_rep):
                  variants)
 
 
+@_checker
 def check_repeat_kv(fn, *, backend: str = "auto") -> None:
     """Check ``fn(y, n_rep)``: ``(N, g, L, d) -> (N, g*n_rep, L, d)``, query head j reading key/value head j // n_rep.
 
@@ -1412,6 +1428,7 @@ def _decode_whole_case(rng, chunks=(3, 1, 1, 2), N=2, n_heads=4, n_kv_heads=2, h
                  arg_names=("the initial k_cache", "the initial v_cache", "a step's q, k_new or v_new"))
 
 
+@_checker
 def check_decode_step(fn, *, backend: str = "auto") -> None:
     """Check one cached decoding step, ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)``.
 
@@ -1520,6 +1537,7 @@ def _online_case(label, q, k, v, block_size, mask=None, scale=None, note=""):
     return _Case(name, (q, k, v, block_size), kwargs, expected, variants, note)
 
 
+@_checker
 def check_online_softmax_attention(fn, *, backend: str = "auto") -> None:
     """Check ``fn(q, k, v, block_size, mask=None, scale=None) -> out``: attention computed one key block at a time.
 
@@ -1607,6 +1625,7 @@ def _softmax_backward_case(label, A, dA):
                  _variants(sim, _VJP_BUGS))
 
 
+@_checker
 def check_softmax_backward(fn, *, backend: str = "auto") -> None:
     """Check ``fn(weights, grad_weights) -> grad_scores``, the backward pass of a softmax over the last axis.
 
@@ -1685,6 +1704,7 @@ def _grad_case(label, q, k, v, grad_out, mask=None, scale=None, note=""):
     return _Case(name, (q, k, v, grad_out), kwargs, expected, variants, note)
 
 
+@_checker
 def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto") -> None:
     """Check ``fn(q, k, v, grad_out, mask=None, scale=None) -> (dq, dk, dv)``, the hand-derived backward pass.
 
