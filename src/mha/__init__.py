@@ -9,6 +9,8 @@ The core (book parts I and II)
 ``mha.counting``   exact parameter, FLOP and memory counts (a forward pass, one cached decoding step).
 ``mha.convert``    conversions: an MHA layer pooled to GQA/MQA (Ainslie et al. 2023), GQA expanded back to MHA,
                    our layer's weights into ``torch.nn.MultiheadAttention``.
+``mha.exercises``  graded "write it yourself" checkers: ``check_softmax(my_softmax)`` and ten more, each naming the
+                   book's equation and the known bug that a wrong result matches.
 
 The experiment harness (book part III)
 --------------------------------------
@@ -31,7 +33,7 @@ _LAZY = {
     "MultiHeadAttention": "mha.attention",
     "KVCache": "mha.kv_cache",
 }
-_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "experiments"}
+_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "exercises", "experiments"}
 _MOVED = {name: f"mha.experiments.{name}" for name in ("model", "tasks", "train", "sweep", "bench", "analysis",
                                                         "viz")}
 

@@ -1,0 +1,1013 @@
+"""Implementations a reader might write, for tests/test_exercises.py: correct ones and a catalogue of buggy ones.
+
+Everything here is written independently of ``mha.exercises`` (and, except where a name says "reference", of
+``mha.reference``): loops over rows, torch versions, and the classic bugs written the way a reader writes them.
+
+``CORRECT``: checker name -> list of (label, fn, checker kwargs); every checker must accept every one.
+``BUGGY``: list of ``Bug(label, checker, fn, expected diagnosis, checker kwargs)``; the checker must reject each with
+exactly that diagnosis (``ExerciseError.bug``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mha import reference as R
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small shared pieces (correct).
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _np(x):
+    return x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
+
+
+def _tt(x):
+    """A float64 (or bool) tensor from whatever the checker passed."""
+    if isinstance(x, torch.Tensor):
+        return x
+    x = np.asarray(x)
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _loop_softmax_row(row):
+    """Softmax of a 1-D sequence of (finite or -inf) scores, in plain Python; all -inf -> zeros."""
+    finite = [s for s in row if s != -math.inf]
+    if not finite:
+        return [0.0] * len(row)
+    top = max(finite)
+    e = [0.0 if s == -math.inf else math.exp(s - top) for s in row]
+    total = sum(e)
+    return [x / total for x in e]
+
+
+def _torch_masked_softmax(scores, mask):
+    """torch softmax over the last dim; masked entries 0, rows with no allowed key 0 (no NaN, differentiable)."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    mask = torch.broadcast_to(mask, scores.shape)
+    has_key = mask.any(dim=-1, keepdim=True)
+    allowed = mask | ~has_key  # empty rows: attend everywhere, then zeroed
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return weights * has_key
+
+
+def _bottom_right(l_q, l_kv):
+    return np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Correct implementations.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def softmax_loop(x, axis=-1):
+    x = np.asarray(x, dtype=np.float64)
+    moved = np.moveaxis(x, axis, -1)  # (..., n)
+    out = np.empty_like(moved)
+    for index in np.ndindex(moved.shape[:-1]):
+        out[index] = _loop_softmax_row(list(moved[index]))
+    return np.moveaxis(out, -1, axis)
+
+
+def softmax_torch(x, axis=-1):
+    return torch.softmax(_tt(x), dim=axis)
+
+
+def softmax_logsumexp(x, axis=-1):
+    x = np.asarray(x, dtype=np.float64)
+    top = np.max(x, axis=axis, keepdims=True)
+    lse = top + np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True))
+    return np.exp(x - lse)
+
+
+def sdpa_loop(q, k, v, mask=None, scale=None):
+    q, k, v = _np(q), _np(k), _np(v)
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
+    c = 1 / math.sqrt(d_k) if scale is None else scale
+    m = np.ones(batch + (n_q, n_k), dtype=bool) if mask is None else np.broadcast_to(_np(mask).astype(bool),
+                                                                                    batch + (n_q, n_k))
+    qb, kb, vb = (np.broadcast_to(a, batch + a.shape[-2:]) for a in (q, k, v))
+    out, weights = np.zeros(batch + (n_q, v.shape[-1])), np.zeros(batch + (n_q, n_k))
+    for b in np.ndindex(batch):
+        for i in range(n_q):
+            row = [c * float(qb[b][i] @ kb[b][j]) if m[b][i, j] else -math.inf for j in range(n_k)]
+            weights[b][i] = _loop_softmax_row(row)
+            out[b][i] = sum(weights[b][i, j] * vb[b][j] for j in range(n_k))
+    return out, weights
+
+
+def sdpa_torch(q, k, v, mask=None, scale=None):
+    q, k, v = _tt(q), _tt(k), _tt(v)
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    weights = _torch_masked_softmax(c * q @ k.transpose(-2, -1), None if mask is None else _tt(mask))
+    return weights @ v, weights
+
+
+def split_heads_loop(y, n_heads):
+    y = _np(y)
+    N, L, width = y.shape
+    head_dim = width // n_heads
+    out = np.empty((N, n_heads, L, head_dim))
+    for n, i, l in itertools.product(range(N), range(n_heads), range(L)):
+        out[n, i, l] = y[n, l, i * head_dim:(i + 1) * head_dim]
+    return out
+
+
+def split_heads_torch(y, n_heads):
+    y = _tt(y)
+    return y.unflatten(-1, (n_heads, -1)).transpose(1, 2)  # (N, L, h, hd) -> (N, h, L, hd)
+
+
+def split_heads_stack(y, n_heads):
+    return np.stack(np.split(np.asarray(y), n_heads, axis=-1), axis=1)  # h blocks of (N, L, hd) -> (N, h, L, hd)
+
+
+def merge_heads_loop(y):
+    y = _np(y)
+    N, h, L, hd = y.shape
+    out = np.empty((N, L, h * hd))
+    for n, i, l in itertools.product(range(N), range(h), range(L)):
+        out[n, l, i * hd:(i + 1) * hd] = y[n, i, l]
+    return out
+
+
+def merge_heads_torch(y):
+    y = _tt(y)
+    return torch.cat([y[:, i] for i in range(y.shape[1])], dim=-1)  # h x (N, L, hd) -> (N, L, h*hd)
+
+
+def mha_loop(x_q, x_kv, params, n_heads, mask=None):
+    """The literal per-head definition: a loop over heads with each head's column blocks."""
+    x_q, x_kv = _np(x_q), _np(x_kv)
+    p = {key: _np(value) for key, value in params.items()}
+    N, L_q, _ = x_q.shape
+    hd = p["W_q"].shape[1] // n_heads
+    g = p["W_k"].shape[1] // hd
+    L_kv = x_kv.shape[1]
+    m = None if mask is None else np.broadcast_to(_np(mask).astype(bool), (N, n_heads, L_q, L_kv))
+    heads, weights = [], np.zeros((N, n_heads, L_q, L_kv))
+    for i in range(n_heads):
+        c = i // (n_heads // g)
+        cols_q, cols_kv = slice(i * hd, (i + 1) * hd), slice(c * hd, (c + 1) * hd)
+        q = x_q @ p["W_q"][:, cols_q] + p.get("b_q", np.zeros(n_heads * hd))[cols_q]
+        k = x_kv @ p["W_k"][:, cols_kv] + p.get("b_k", np.zeros(g * hd))[cols_kv]
+        v = x_kv @ p["W_v"][:, cols_kv] + p.get("b_v", np.zeros(g * hd))[cols_kv]
+        head, weights[:, i] = sdpa_torch(q, k, v, None if m is None else torch.from_numpy(m[:, i].copy()))
+        heads.append(_np(head))
+    out = np.concatenate(heads, axis=-1) @ p["W_o"] + p.get("b_o", 0.0)
+    return out, weights
+
+
+def mha_torch(x_q, x_kv, params, n_heads, mask=None):
+    x_q, x_kv = _tt(x_q), _tt(x_kv)
+    p = {key: _tt(value) for key, value in params.items()}
+    N, L_q, _ = x_q.shape
+    L_kv = x_kv.shape[1]
+    hd = p["W_q"].shape[1] // n_heads
+    g = p["W_k"].shape[1] // hd
+
+    def heads(x, w, b, n):
+        y = x @ p[w] + p[b] if b in p else x @ p[w]  # (N, L, n*hd)
+        return y.reshape(x.shape[0], x.shape[1], n, hd).permute(0, 2, 1, 3)  # (N, n, L, hd)
+
+    q = heads(x_q, "W_q", "b_q", n_heads)
+    k = heads(x_kv, "W_k", "b_k", g).repeat_interleave(n_heads // g, dim=1)  # (N, h, L_kv, hd)
+    v = heads(x_kv, "W_v", "b_v", g).repeat_interleave(n_heads // g, dim=1)
+    weights = _torch_masked_softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), None if mask is None else _tt(mask))
+    concat = (weights @ v).permute(0, 2, 1, 3).reshape(N, L_q, n_heads * hd)  # (N, L_q, h*hd)
+    out = concat @ p["W_o"] + (p["b_o"] if "b_o" in p else 0.0)
+    return out, weights
+
+
+def causal_np(l_q, l_kv):
+    return _bottom_right(l_q, l_kv)
+
+
+def causal_loop(l_q, l_kv):
+    offset = l_kv - l_q
+    return np.array([[j <= offset + i for j in range(l_kv)] for i in range(l_q)], dtype=bool)
+
+
+def causal_torch(l_q, l_kv):
+    return torch.ones(l_q, l_kv, dtype=torch.bool).tril(diagonal=l_kv - l_q)
+
+
+def repeat_kv_loop(y, n_rep):
+    y = _np(y)
+    return np.stack([y[:, j // n_rep] for j in range(y.shape[1] * n_rep)], axis=1)
+
+
+def repeat_kv_torch(y, n_rep):
+    return _tt(y).repeat_interleave(n_rep, dim=1)
+
+
+def repeat_kv_expand(y, n_rep):
+    y = np.asarray(y)
+    N, g, L, d = y.shape
+    return np.broadcast_to(y[:, :, None], (N, g, n_rep, L, d)).reshape(N, g * n_rep, L, d)  # group-major
+
+
+def decode_np(q, k_new, v_new, k_cache, v_cache):
+    k_all = np.concatenate([k_cache, k_new], axis=2)  # (N, g, c+T, hd)
+    v_all = np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    out, _ = sdpa_torch(q, np.repeat(k_all, n_rep, 1), np.repeat(v_all, n_rep, 1),
+                        torch.from_numpy(_bottom_right(q.shape[2], k_all.shape[2])))
+    return out, k_all, v_all
+
+
+def decode_torch(q, k_new, v_new, k_cache, v_cache):
+    q, k_new, v_new, k_cache, v_cache = (_tt(a) for a in (q, k_new, v_new, k_cache, v_cache))
+    k_all, v_all = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)
+    T, L = q.shape[2], k_all.shape[2]
+    mask = torch.ones(T, L, dtype=torch.bool).tril(diagonal=L - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return out, k_all, v_all
+
+
+def decode_loop(q, k_new, v_new, k_cache, v_cache):
+    """Per head and per new query, plain NumPy: query t (absolute position c + t) reads keys 0..c+t."""
+    k_all = np.concatenate([k_cache, k_new], axis=2)
+    v_all = np.concatenate([v_cache, v_new], axis=2)
+    N, h, T, hd = q.shape
+    g, c = k_all.shape[1], k_cache.shape[2]
+    out = np.zeros((N, h, T, hd))
+    for n, j, t in itertools.product(range(N), range(h), range(T)):
+        kv = j // (h // g)
+        keys, values = k_all[n, kv, :c + t + 1], v_all[n, kv, :c + t + 1]
+        w = _loop_softmax_row(list(keys @ q[n, j, t] / math.sqrt(hd)))
+        out[n, j, t] = np.asarray(w) @ values
+    return out, k_all, v_all
+
+
+def online_loop(q, k, v, block_size, mask=None, scale=None):
+    """One query row at a time, Python floats for the running max and sum."""
+    q, k, v = _np(q), _np(k), _np(v)
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    c = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    m = np.ones(batch + (n_q, n_k), dtype=bool) if mask is None else np.broadcast_to(mask, batch + (n_q, n_k))
+    qb, kb, vb = (np.broadcast_to(a, batch + a.shape[-2:]) for a in (q, k, v))
+    out = np.zeros(batch + (n_q, v.shape[-1]))
+    for b in np.ndindex(batch):
+        for i in range(n_q):
+            run_max, run_sum, acc = -math.inf, 0.0, np.zeros(v.shape[-1])
+            for start in range(0, n_k, block_size):
+                block = [j for j in range(start, min(start + block_size, n_k)) if m[b][i, j]]
+                if not block:
+                    continue
+                scores = [c * float(qb[b][i] @ kb[b][j]) for j in block]
+                new_max = max(run_max, max(scores))
+                alpha = math.exp(run_max - new_max) if run_max > -math.inf else 0.0
+                weights = [math.exp(s - new_max) for s in scores]
+                run_sum = alpha * run_sum + sum(weights)
+                acc = alpha * acc + sum(w * vb[b][j] for w, j in zip(weights, block))
+                run_max = new_max
+            out[b][i] = acc / run_sum if run_sum > 0 else 0.0
+    return out
+
+
+def online_torch(q, k, v, block_size, mask=None, scale=None):
+    q, k, v = _tt(q), _tt(k), _tt(v)
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    m = None if mask is None else torch.broadcast_to(_tt(mask), batch + (n_q, n_k))
+    run_max = torch.full(batch + (n_q, 1), float("-inf"), dtype=q.dtype)
+    run_sum = torch.zeros(batch + (n_q, 1), dtype=q.dtype)
+    acc = torch.zeros(batch + (n_q, v.shape[-1]), dtype=q.dtype)
+    for start in range(0, n_k, block_size):
+        s = c * q @ k[..., start:start + block_size, :].transpose(-1, -2)
+        if m is not None:
+            s = s.masked_fill(~m[..., start:start + block_size], float("-inf"))
+        new_max = torch.maximum(run_max, s.amax(dim=-1, keepdim=True))
+        safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        p = torch.exp(s - safe)
+        alpha = torch.exp(run_max - safe)
+        run_sum = alpha * run_sum + p.sum(dim=-1, keepdim=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        run_max = new_max
+    return torch.where(run_sum > 0, acc / run_sum.clamp_min(1e-300), torch.zeros_like(acc))
+
+
+def softmax_backward_jacobian(weights, grad_weights):
+    """Build each row's Jacobian diag(a) - a a^T and multiply (it is symmetric)."""
+    A, dA = _np(weights), _np(grad_weights)
+    out = np.empty_like(A)
+    for index in np.ndindex(A.shape[:-1]):
+        a = A[index]
+        out[index] = (np.diag(a) - np.outer(a, a)) @ dA[index]
+    return out
+
+
+def softmax_backward_torch(weights, grad_weights):
+    A, dA = _tt(weights), _tt(grad_weights)
+    J = torch.diag_embed(A) - A.unsqueeze(-1) * A.unsqueeze(-2)  # (..., n, n)
+    return (J @ dA.unsqueeze(-1)).squeeze(-1)
+
+
+def sdpa_grad_autograd(q, k, v, grad_out, mask=None, scale=None):
+    q, k, v = (_tt(a).clone().requires_grad_(True) for a in (q, k, v))
+    out, _ = sdpa_torch(q, k, v, mask, scale)
+    (out * _tt(grad_out)).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+def sdpa_grad_rows(q, k, v, grad_out, mask=None, scale=None):
+    """Row by row: each query row contributes to dV and dK, and owns its dQ row."""
+    q, k, v, dO = _np(q), _np(k), _np(v), _np(grad_out)
+    c = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    m = np.ones(q.shape[:-1] + (k.shape[-2],), dtype=bool) if mask is None else np.broadcast_to(
+        mask, q.shape[:-1] + (k.shape[-2],))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in np.ndindex(q.shape[:-2]):
+        for i in range(q.shape[-2]):
+            scores = [c * float(q[b][i] @ k[b][j]) if m[b][i, j] else -math.inf for j in range(k.shape[-2])]
+            a = np.asarray(_loop_softmax_row(scores))
+            dv[b] += np.outer(a, dO[b][i])
+            da = v[b] @ dO[b][i]
+            ds = a * (da - a @ da)
+            dq[b][i] = c * ds @ k[b]
+            dk[b] += c * np.outer(ds, q[b][i])
+    return dq, dk, dv
+
+
+CORRECT: dict[str, list[tuple[str, Callable, dict]]] = {
+    "check_softmax": [("reference", R.softmax, {}), ("loop", softmax_loop, {}), ("torch", softmax_torch, {}),
+                      ("logsumexp", softmax_logsumexp, {})],
+    "check_scaled_dot_product_attention": [("reference", R.scaled_dot_product_attention, {}), ("loop", sdpa_loop, {}),
+                                           ("torch", sdpa_torch, {})],
+    "check_split_heads": [("reference", R._split_into_heads, {}), ("loop", split_heads_loop, {}),
+                          ("torch", split_heads_torch, {}), ("stack", split_heads_stack, {})],
+    "check_merge_heads": [("reference", R._merge_heads, {}), ("loop", merge_heads_loop, {}),
+                          ("torch", merge_heads_torch, {})],
+    "check_multi_head_attention": [("reference", R.multi_head_attention, {"gqa": True}),
+                                   ("reference per head", R.multi_head_attention_per_head, {"gqa": True}),
+                                   ("loop", mha_loop, {"gqa": True}), ("torch", mha_torch, {"gqa": True}),
+                                   ("torch, MHA cases only", mha_torch, {})],
+    "check_causal_mask": [("numpy", causal_np, {}), ("loop", causal_loop, {}), ("torch", causal_torch, {})],
+    "check_repeat_kv": [("reference", R._repeat_kv, {}), ("loop", repeat_kv_loop, {}), ("torch", repeat_kv_torch, {}),
+                        ("expand", repeat_kv_expand, {})],
+    "check_decode_step": [("numpy", decode_np, {}), ("torch sdpa", decode_torch, {}), ("loop", decode_loop, {})],
+    "check_online_softmax_attention": [("reference", R.online_softmax_attention, {}), ("loop", online_loop, {}),
+                                       ("torch", online_torch, {})],
+    "check_softmax_backward": [("reference", R.softmax_backward, {}), ("jacobian", softmax_backward_jacobian, {}),
+                               ("torch jacobian", softmax_backward_torch, {})],
+    "check_scaled_dot_product_attention_grad": [("reference", R.scaled_dot_product_attention_grad, {}),
+                                                ("autograd", sdpa_grad_autograd, {}), ("rows", sdpa_grad_rows, {})],
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The catalogue of buggy implementations, each with the diagnosis it must get.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Bug(NamedTuple):
+    label: str
+    checker: str
+    fn: Callable
+    diagnosis: str  # the expected ExerciseError.bug
+    kwargs: dict = {}
+
+
+BUGGY: list[Bug] = []
+
+
+def bug(checker, diagnosis, **kwargs):
+    def register(fn):
+        BUGGY.append(Bug(fn.__name__, checker, fn, diagnosis, kwargs))
+        return fn
+    return register
+
+
+# --- softmax -----------------------------------------------------------------------------------------------------
+
+@bug("check_softmax", "no_max_subtraction")
+def softmax_naive(x, axis=-1):
+    e = np.exp(x)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@bug("check_softmax", "no_max_subtraction")
+def softmax_naive_torch(x, axis=-1):
+    e = torch.exp(torch.as_tensor(x))
+    return e / e.sum(dim=axis, keepdim=True)
+
+
+@bug("check_softmax", "shift_not_row_max")
+def softmax_global_max(x, axis=-1):
+    e = np.exp(x - np.max(x))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@bug("check_softmax", "softmax_wrong_axis")
+def softmax_last_axis_only(x, axis=-1):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@bug("check_softmax", "sum_without_keepdims")
+def softmax_no_keepdims(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis)
+
+
+@bug("check_softmax", "modifies_input")
+def softmax_in_place(x, axis=-1):
+    x -= x.max(axis=axis, keepdims=True)
+    np.exp(x, out=x)
+    return x / x.sum(axis=axis, keepdims=True)
+
+
+# --- scaled dot-product attention ------------------------------------------------------------------------------
+
+def _given_or(default):
+    return lambda q, k, v, scale: default(q, k, v) if scale is None else scale
+
+
+def _sdpa_bug(q, k, v, mask=None, scale=None, *, scale_of=_given_or(lambda q, k, v: 1 / math.sqrt(q.shape[-1])),
+              fill=-np.inf, guard=True, axis=-1, subtract_max=True, invert=False, after=False):
+    """A reader's NumPy attention with one knob per classic mistake (the default is correct)."""
+    s = scale_of(q, k, v, scale) * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None and invert:
+        mask = ~mask
+    if mask is not None and not after:
+        s = np.where(mask, s, fill)
+    top = s.max(axis=axis, keepdims=True) if subtract_max else 0.0
+    if guard and subtract_max:
+        top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(all="ignore"):
+        e = np.exp(s - top)
+        total = e.sum(axis=axis, keepdims=True)
+        w = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0) if guard else e / total
+    if mask is not None and after:
+        w = w * mask
+    return w @ v, w
+
+
+@bug("check_scaled_dot_product_attention", "no_scale")
+def sdpa_unscaled(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, scale_of=lambda *a: 1.0)
+
+
+@bug("check_scaled_dot_product_attention", "scale_d_k_not_sqrt")
+def sdpa_divide_by_d_k(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: 1 / q.shape[-1]))
+
+
+@bug("check_scaled_dot_product_attention", "scale_inverted")
+def sdpa_multiply_by_sqrt(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: math.sqrt(q.shape[-1])))
+
+
+@bug("check_scaled_dot_product_attention", "scale_d_v")
+def sdpa_scale_by_d_v(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: v.shape[-1] ** -0.5))
+
+
+@bug("check_scaled_dot_product_attention", "scale_seq_len")
+def sdpa_scale_by_length(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: k.shape[-2] ** -0.5))
+
+
+@bug("check_scaled_dot_product_attention", "scale_ignored")
+def sdpa_ignores_scale(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, None)
+
+
+@bug("check_scaled_dot_product_attention", "softmax_over_queries")
+def sdpa_softmax_over_queries(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, axis=-2)
+
+
+@bug("check_scaled_dot_product_attention", "mask_fill_large_negative")
+def sdpa_fill_minus_1e9(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, fill=-1e9)
+
+
+@bug("check_scaled_dot_product_attention", "mask_nan_empty_rows")
+def sdpa_fill_minus_inf_unguarded(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, guard=False)
+
+
+@bug("check_scaled_dot_product_attention", "mask_inverted")
+def sdpa_mask_inverted(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, invert=True)
+
+
+@bug("check_scaled_dot_product_attention", "no_max_subtraction")
+def sdpa_no_max(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, subtract_max=False)
+
+
+@bug("check_scaled_dot_product_attention", "mask_after_softmax")
+def sdpa_mask_after_softmax(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, after=True)
+
+
+@bug("check_scaled_dot_product_attention", "mask_fill_zero")
+def sdpa_mask_multiplies_scores(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, mask, scale, fill=0.0)
+
+
+@bug("check_scaled_dot_product_attention", "mask_fill_large_negative")
+def sdpa_torch_masked_fill_minus_1e9(q, k, v, mask=None, scale=None):
+    q, k, v = torch.as_tensor(q), torch.as_tensor(k), torch.as_tensor(v)
+    scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores.masked_fill(~torch.as_tensor(mask), -1e9)
+    weights = F.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+@bug("check_scaled_dot_product_attention", "mask_nan_empty_rows")
+def sdpa_torch_masked_fill_minus_inf(q, k, v, mask=None, scale=None):
+    q, k, v = torch.as_tensor(q), torch.as_tensor(k), torch.as_tensor(v)
+    scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
+    weights = F.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+# --- split and merge heads ---------------------------------------------------------------------------------------
+
+@bug("check_split_heads", "split_no_transpose")
+def split_reshape_only(y, n_heads):
+    N, L, width = y.shape
+    return y.reshape(N, n_heads, L, width // n_heads)
+
+
+@bug("check_split_heads", "split_strided")
+def split_head_dim_outer(y, n_heads):
+    N, L, width = y.shape
+    return y.reshape(N, L, width // n_heads, n_heads).transpose(0, 3, 1, 2)
+
+
+@bug("check_split_heads", "split_wrong_axes")
+def split_transpose_wrong_axes(y, n_heads):
+    N, L, width = y.shape
+    return y.reshape(N, L, n_heads, width // n_heads).transpose(0, 2, 3, 1)
+
+
+@bug("check_merge_heads", "merge_no_transpose")
+def merge_reshape_only(y):
+    N, h, L, hd = y.shape
+    return y.reshape(N, L, h * hd)
+
+
+@bug("check_merge_heads", "merge_strided")
+def merge_head_dim_outer(y):
+    N, h, L, hd = y.shape
+    return np.transpose(y, (0, 2, 3, 1)).reshape(N, L, h * hd)
+
+
+@bug("check_merge_heads", "view_non_contiguous")
+def merge_torch_view(y):
+    N, h, L, hd = y.shape
+    return y.transpose(1, 2).view(N, L, h * hd)
+
+
+# --- multi-head attention ----------------------------------------------------------------------------------------
+
+def _mha_bug(x_q, x_kv, params, n_heads, mask=None, *, scale="head_dim", split_transpose=True, merge_transpose=True,
+             use_w_o=True, skip=(), w_v="W_v", kv_source="x_kv", tile=False, average=False, fill=-np.inf,
+             guard=True):
+    """A reader's fused NumPy multi-head attention with one knob per classic mistake (the default is correct)."""
+    p = {key: np.asarray(value) for key, value in params.items() if key not in skip}
+    N, L_q, d_model = x_q.shape
+    src = x_q if kv_source == "x_q" else x_kv
+    hd = p["W_q"].shape[1] // n_heads
+    g = p["W_k"].shape[1] // hd
+
+    def heads(y, n):
+        if split_transpose:
+            return y.reshape(N, y.shape[1], n, hd).transpose(0, 2, 1, 3)
+        return y.reshape(N, n, y.shape[1], hd)
+
+    q = heads(x_q @ p["W_q"] + p.get("b_q", 0.0), n_heads)
+    k = heads(src @ p["W_k"] + p.get("b_k", 0.0), g)
+    v = heads(src @ p[w_v] + p.get("b_v" if w_v == "W_v" else "b_k", 0.0), g)
+    if tile:
+        k, v = np.tile(k, (1, n_heads // g, 1, 1)), np.tile(v, (1, n_heads // g, 1, 1))
+    else:
+        k, v = np.repeat(k, n_heads // g, axis=1), np.repeat(v, n_heads // g, axis=1)
+    c = {"head_dim": hd, "d_model": d_model}[scale] ** -0.5
+    out, w = _sdpa_bug(q, k, v, mask, c, fill=fill, guard=guard)
+    concat = out.transpose(0, 2, 1, 3).reshape(N, L_q, -1) if merge_transpose else out.reshape(N, L_q, -1)
+    if use_w_o:
+        concat = concat @ p["W_o"] + p.get("b_o", 0.0)
+    return concat, (w.mean(axis=1) if average else w)
+
+
+@bug("check_multi_head_attention", "scale_d_model")
+def mha_scaled_by_d_model(x_q, x_kv, params, n_heads, mask=None):
+    """The lecture bug: C ** -0.5 with C the embedding width."""
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, scale="d_model")
+
+
+@bug("check_multi_head_attention", "split_merge_no_transpose")
+def mha_reshape_without_transpose(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, split_transpose=False, merge_transpose=False)
+
+
+@bug("check_multi_head_attention", "merge_no_transpose")
+def mha_merge_without_transpose(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, merge_transpose=False)
+
+
+@bug("check_multi_head_attention", "no_output_projection")
+def mha_forgets_w_o(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, use_w_o=False)
+
+
+@bug("check_multi_head_attention", "missing_bias_o")
+def mha_forgets_b_o(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_o",))
+
+
+@bug("check_multi_head_attention", "missing_bias_q")
+def mha_forgets_b_q(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q",))
+
+
+@bug("check_multi_head_attention", "missing_bias_v")
+def mha_forgets_b_v(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_v",))
+
+
+@bug("check_multi_head_attention", "missing_input_biases")
+def mha_projections_without_bias(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q", "b_k", "b_v"))
+
+
+@bug("check_multi_head_attention", "missing_biases")
+def mha_ignores_biases(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q", "b_k", "b_v", "b_o"))
+
+
+@bug("check_multi_head_attention", "values_from_W_k")
+def mha_values_with_w_k(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, w_v="W_k")
+
+
+@bug("check_multi_head_attention", "kv_from_x_q")
+def mha_self_attention_only(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, kv_source="x_q")
+
+
+@bug("check_multi_head_attention", "weights_averaged_over_heads")
+def mha_average_weights(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, average=True)
+
+
+@bug("check_multi_head_attention", "mask_fill_large_negative")
+def mha_fill_minus_1e9(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, fill=-1e9)
+
+
+@bug("check_multi_head_attention", "kv_map_tile", gqa=True)
+def mha_gqa_tiled(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads, mask, tile=True)
+
+
+@bug("check_multi_head_attention", "kv_map_tile", gqa=True)
+def mha_gqa_torch_repeat(x_q, x_kv, params, n_heads, mask=None):
+    """torch's Tensor.repeat tiles: head j reads kv head j % g."""
+    x_q, x_kv = torch.as_tensor(x_q), torch.as_tensor(x_kv)
+    p = {key: torch.as_tensor(value) for key, value in params.items()}
+    N, L_q, _ = x_q.shape
+    hd = p["W_q"].shape[1] // n_heads
+    g = p["W_k"].shape[1] // hd
+    q = (x_q @ p["W_q"] + p.get("b_q", 0.0)).reshape(N, L_q, n_heads, hd).transpose(1, 2)
+    k = (x_kv @ p["W_k"] + p.get("b_k", 0.0)).reshape(N, -1, g, hd).transpose(1, 2).repeat(1, n_heads // g, 1, 1)
+    v = (x_kv @ p["W_v"] + p.get("b_v", 0.0)).reshape(N, -1, g, hd).transpose(1, 2).repeat(1, n_heads // g, 1, 1)
+    mask = None if mask is None else torch.as_tensor(mask)
+    weights = _torch_masked_softmax(q @ k.transpose(-2, -1) / hd ** 0.5, mask)
+    out = (weights @ v).transpose(1, 2).reshape(N, L_q, -1) @ p["W_o"] + p.get("b_o", 0.0)
+    return out, weights
+
+
+@bug("check_multi_head_attention", "mask_nan_empty_rows")
+def mha_torch_minus_inf(x_q, x_kv, params, n_heads, mask=None):
+    x_q, x_kv = torch.as_tensor(x_q), torch.as_tensor(x_kv)
+    p = {key: torch.as_tensor(value) for key, value in params.items()}
+    N, L_q, _ = x_q.shape
+    hd = p["W_q"].shape[1] // n_heads
+    q = (x_q @ p["W_q"] + p.get("b_q", 0.0)).reshape(N, L_q, n_heads, hd).transpose(1, 2)
+    k = (x_kv @ p["W_k"] + p.get("b_k", 0.0)).reshape(N, -1, n_heads, hd).transpose(1, 2)
+    v = (x_kv @ p["W_v"] + p.get("b_v", 0.0)).reshape(N, -1, n_heads, hd).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / hd ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights @ v).transpose(1, 2).reshape(N, L_q, -1) @ p["W_o"] + p.get("b_o", 0.0)
+    return out, weights
+
+
+# --- causal mask -------------------------------------------------------------------------------------------------
+
+@bug("check_causal_mask", "causal_top_left")
+def causal_top_left(l_q, l_kv):
+    return np.tril(np.ones((l_q, l_kv), dtype=bool))
+
+
+@bug("check_causal_mask", "causal_top_left")
+def causal_torch_top_left(l_q, l_kv):
+    return torch.ones(l_q, l_kv).tril().bool()
+
+
+@bug("check_causal_mask", "causal_strict")
+def causal_without_diagonal(l_q, l_kv):
+    return np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q - 1)
+
+
+@bug("check_causal_mask", "causal_inverted")
+def causal_marks_future(l_q, l_kv):
+    return np.triu(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q + 1)
+
+
+@bug("check_causal_mask", "causal_transposed")
+def causal_upper_triangle(l_q, l_kv):
+    return np.triu(np.ones((l_q, l_kv), dtype=bool))
+
+
+@bug("check_causal_mask", "causal_transposed")
+def causal_keys_on_rows(l_q, l_kv):
+    return np.tril(np.ones((l_kv, l_q), dtype=bool))  # (l_kv, l_q): right only when square
+
+
+@bug("check_causal_mask", "mask_not_boolean")
+def causal_ones_and_zeros(l_q, l_kv):
+    return np.tril(np.ones((l_q, l_kv)), k=l_kv - l_q)
+
+
+@bug("check_causal_mask", "additive_mask")
+def causal_additive(l_q, l_kv):
+    return np.where(_bottom_right(l_q, l_kv), 0.0, -np.inf)
+
+
+# --- repeat_kv ---------------------------------------------------------------------------------------------------
+
+@bug("check_repeat_kv", "kv_map_tile")
+def repeat_kv_tile(y, n_rep):
+    return np.tile(y, (1, n_rep, 1, 1))
+
+
+@bug("check_repeat_kv", "kv_map_tile")
+def repeat_kv_torch_repeat(y, n_rep):
+    return torch.as_tensor(y).repeat(1, n_rep, 1, 1)
+
+
+@bug("check_repeat_kv", "repeat_wrong_axis")
+def repeat_kv_positions(y, n_rep):
+    return np.repeat(y, n_rep, axis=2)
+
+
+@bug("check_repeat_kv", "repeat_not_merged")
+def repeat_kv_expand_only(y, n_rep):
+    N, g, L, d = y.shape
+    return np.broadcast_to(y[:, :, None], (N, g, n_rep, L, d))
+
+
+# --- KV-cache decode step ----------------------------------------------------------------------------------------
+
+def _decode_bug(q, k_new, v_new, k_cache, v_cache, *, mask="bottom_right", prepend=False, attend_new=True, tile=False,
+                scale="head_dim", return_old=False, store_repeated=False):
+    """A reader's NumPy decode step with one knob per classic mistake (the default is correct)."""
+    N, h, T, hd = q.shape
+    g = k_new.shape[1]
+    pair = (lambda old, new: [new, old]) if prepend else (lambda old, new: [old, new])
+    k_all = np.concatenate(pair(k_cache, k_new), axis=2)
+    v_all = np.concatenate(pair(v_cache, v_new), axis=2)
+    k_att, v_att = (k_all, v_all) if attend_new else (k_cache, v_cache)
+    rep = (lambda y: np.tile(y, (1, h // g, 1, 1))) if tile else (lambda y: np.repeat(y, h // g, axis=1))
+    L = k_att.shape[2]
+    m = {"bottom_right": _bottom_right(T, L), "top_left": np.tril(np.ones((T, L), dtype=bool)), "none": None}[mask]
+    c = {"head_dim": hd, "d_model": h * hd}[scale] ** -0.5
+    out, _ = _sdpa_bug(q, rep(k_att), rep(v_att), m if attend_new else None, c)
+    if return_old:
+        return out, k_cache, v_cache
+    if store_repeated:
+        return out, rep(k_all), rep(v_all)
+    return out, k_all, v_all
+
+
+@bug("check_decode_step", "causal_top_left")
+def decode_top_left_mask(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, mask="top_left")
+
+
+@bug("check_decode_step", "causal_top_left")
+def decode_torch_is_causal(q, k_new, v_new, k_cache, v_cache):
+    """F.scaled_dot_product_attention(is_causal=True) aligns the mask top-left when L_q != L_kv."""
+    q, k_new, v_new, k_cache, v_cache = (torch.as_tensor(a) for a in (q, k_new, v_new, k_cache, v_cache))
+    k_all, v_all = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=q.shape[2] > 1, enable_gqa=True)
+    return out, k_all, v_all
+
+
+@bug("check_decode_step", "no_causal_mask")
+def decode_without_mask(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, mask="none")
+
+
+@bug("check_decode_step", "cache_prepended")
+def decode_prepends(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, prepend=True)
+
+
+@bug("check_decode_step", "new_position_not_attended")
+def decode_attends_cache_only(q, k_new, v_new, k_cache, v_cache):
+    if k_cache.shape[2] == 0:  # nothing cached yet: this reader special-cases the prefill correctly
+        return _decode_bug(q, k_new, v_new, k_cache, v_cache)
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, attend_new=False)
+
+
+@bug("check_decode_step", "kv_map_tile")
+def decode_tiled_heads(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, tile=True)
+
+
+@bug("check_decode_step", "scale_d_model")
+def decode_scaled_by_width(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, scale="d_model")
+
+
+@bug("check_decode_step", "cache_not_updated")
+def decode_returns_old_cache(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, return_old=True)
+
+
+@bug("check_decode_step", "cache_repeated_heads")
+def decode_caches_repeated_heads(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, store_repeated=True)
+
+
+# --- online softmax ----------------------------------------------------------------------------------------------
+
+def _online_bug(q, k, v, block_size, mask=None, scale=None, *, blocks="all", rescale_acc=True, rescale_l=True,
+                inverted=False, divide=True, use_max=True, guard_state=True, guard_end=True, fill=-np.inf):
+    """A reader's blocked loop (2-D or batched) with one knob per classic mistake (the default is correct)."""
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    n_k = k.shape[-2]
+    starts = range(0, n_k, block_size) if blocks == "all" else range(0, n_k // block_size * block_size, block_size)
+    m = np.full(q.shape[:-1] + (1,), -np.inf)
+    l = np.zeros(q.shape[:-1] + (1,))
+    acc = np.zeros(q.shape[:-1] + (v.shape[-1],))
+    with np.errstate(all="ignore"):
+        for start in starts:
+            s = c * q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2)
+            if mask is not None:
+                s = np.where(np.broadcast_to(mask, s.shape[:-1] + (n_k,))[..., start:start + block_size], s, fill)
+            if use_max:
+                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+                ref = np.where(np.isinf(m_new), 0.0, m_new) if guard_state else m_new
+                alpha = np.exp(ref - m) if inverted else np.exp(m - ref)
+            else:
+                m_new, ref, alpha = m, 0.0, 1.0
+            p = np.exp(s - ref)
+            l = (alpha * l if rescale_l else l) + p.sum(axis=-1, keepdims=True)
+            acc = (alpha * acc if rescale_acc else acc) + p @ v[..., start:start + block_size, :]
+            m = m_new
+        if not divide:
+            return acc
+        return np.where(l > 0, acc / np.where(l > 0, l, 1.0), 0.0) if guard_end else acc / l
+
+
+@bug("check_online_softmax_attention", "drop_last_partial_block")
+def online_full_blocks_only(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, blocks="full")
+
+
+@bug("check_online_softmax_attention", "no_rescale_acc")
+def online_forgets_acc_rescale(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, rescale_acc=False)
+
+
+@bug("check_online_softmax_attention", "no_rescale_l")
+def online_forgets_l_rescale(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, rescale_l=False)
+
+
+@bug("check_online_softmax_attention", "no_rescale")
+def online_forgets_rescale(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, rescale_l=False, rescale_acc=False)
+
+
+@bug("check_online_softmax_attention", "alpha_inverted")
+def online_alpha_upside_down(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, inverted=True)
+
+
+@bug("check_online_softmax_attention", "no_final_division")
+def online_returns_accumulator(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, divide=False)
+
+
+@bug("check_online_softmax_attention", "online_nan_empty_state")
+def online_unguarded_state(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, guard_state=False, guard_end=False)
+
+
+@bug("check_online_softmax_attention", "mask_nan_empty_rows")
+def online_unguarded_division(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, guard_end=False)
+
+
+@bug("check_online_softmax_attention", "no_max_subtraction")
+def online_without_max(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, use_max=False)
+
+
+@bug("check_online_softmax_attention", "mask_fill_large_negative")
+def online_fill_minus_1e9(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, mask, scale, fill=-1e9)
+
+
+# --- softmax backward --------------------------------------------------------------------------------------------
+
+@bug("check_softmax_backward", "vjp_missing_rowsum")
+def softmax_backward_elementwise(weights, grad_weights):
+    return weights * grad_weights
+
+
+@bug("check_softmax_backward", "vjp_diagonal_only")
+def softmax_backward_sigmoid_style(weights, grad_weights):
+    return weights * (1 - weights) * grad_weights
+
+
+@bug("check_softmax_backward", "vjp_rowsum_of_grad")
+def softmax_backward_plain_rowsum(weights, grad_weights):
+    return weights * (grad_weights - grad_weights.sum(axis=-1, keepdims=True))
+
+
+@bug("check_softmax_backward", "vjp_sign")
+def softmax_backward_plus(weights, grad_weights):
+    return weights * (grad_weights + (weights * grad_weights).sum(axis=-1, keepdims=True))
+
+
+@bug("check_softmax_backward", "vjp_sum_without_keepdims")
+def softmax_backward_no_keepdims(weights, grad_weights):
+    return weights * (grad_weights - (weights * grad_weights).sum(axis=-1))
+
+
+@bug("check_softmax_backward", "vjp_sum_wrong_axis")
+def softmax_backward_column_sum(weights, grad_weights):
+    if weights.ndim == 1:
+        return weights * (grad_weights - weights @ grad_weights)
+    return weights * (grad_weights - (weights * grad_weights).sum(axis=-2, keepdims=True))
+
+
+# --- attention backward ------------------------------------------------------------------------------------------
+
+def _grad_bug(q, k, v, dO, mask=None, scale=None, *, chain_scale=True, dv_transpose=True, rowsum=True, fill=-np.inf):
+    """A reader's hand-written backward pass with one knob per classic mistake (the default is correct)."""
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    _, A = _sdpa_bug(q, k, v, mask, c, fill=fill)
+    dV = (np.swapaxes(A, -1, -2) if dv_transpose else A) @ dO
+    dA = dO @ np.swapaxes(v, -1, -2)
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True)) if rowsum else A * dA
+    factor = c if chain_scale else 1.0
+    return factor * dS @ k, factor * np.swapaxes(dS, -1, -2) @ q, dV
+
+
+@bug("check_scaled_dot_product_attention_grad", "grad_missing_scale")
+def grad_forgets_scale(q, k, v, grad_out, mask=None, scale=None):
+    return _grad_bug(q, k, v, grad_out, mask, scale, chain_scale=False)
+
+
+@bug("check_scaled_dot_product_attention_grad", "grad_dv_no_transpose")
+def grad_dv_without_transpose(q, k, v, grad_out, mask=None, scale=None):
+    return _grad_bug(q, k, v, grad_out, mask, scale, dv_transpose=False)
+
+
+@bug("check_scaled_dot_product_attention_grad", "vjp_missing_rowsum")
+def grad_softmax_elementwise(q, k, v, grad_out, mask=None, scale=None):
+    return _grad_bug(q, k, v, grad_out, mask, scale, rowsum=False)
+
+
+@bug("check_scaled_dot_product_attention_grad", "mask_fill_large_negative")
+def grad_forward_minus_1e9(q, k, v, grad_out, mask=None, scale=None):
+    return _grad_bug(q, k, v, grad_out, mask, scale, fill=-1e9)
+
+
+@bug("check_scaled_dot_product_attention_grad", "mask_nan_empty_rows")
+def grad_autograd_minus_inf(q, k, v, grad_out, mask=None, scale=None):
+    q, k, v = (torch.as_tensor(a).clone().requires_grad_(True) for a in (q, k, v))
+    scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
+    (torch.softmax(scores, dim=-1) @ v * torch.as_tensor(grad_out)).sum().backward()
+    return q.grad, k.grad, v.grad
