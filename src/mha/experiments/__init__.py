@@ -12,6 +12,7 @@ What the experiments need beyond attention itself, one module a job:
 ``sweep``     a study over a grid of settings, one row per run in ``results.csv`` (``python -m mha.sweep``).
 ``results``   the committed results, as every part III chapter reads them.
 ``reproduce`` committed runs rerun and compared: how far the numbers move on this machine.
+``stats``     intervals over seeds: Wilson for proportions, bootstrap for means and paired differences.
 ``analysis``  head scores, similarity, importance and pruning of trained models.
 ``viz``       ``attention_explorer``: an interactive attention-map viewer for the static book.
 ``bench``     side-by-side benchmarks (``python -m mha.bench``).
@@ -20,7 +21,7 @@ What the experiments need beyond attention itself, one module a job:
 
 from importlib import import_module
 
-MODULES = ("config", "model", "tasks", "data", "train", "probes", "studies", "sweep", "results", "reproduce",
+MODULES = ("config", "model", "tasks", "data", "train", "probes", "studies", "sweep", "results", "reproduce", "stats",
            "analysis", "viz", "bench", "machine", "io")
 
 __all__ = list(MODULES)

@@ -1,0 +1,78 @@
+"""mha.experiments.stats against independent computations: the Wilson interval's defining equation solved by
+bisection, the bootstrap's coverage by simulation, the permutation p-value by counting sign patterns by hand."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mha.experiments.stats import (bootstrap_mean_interval, outcome_of, outcomes, paired_difference, separated,
+                                   wilson_interval)
+
+Z95 = 1.959963984540054
+
+
+def wilson_by_bisection(k, n, z=Z95):
+    """The endpoints are the p with (k/n - p)^2 = z^2 p (1 - p) / n: solve on each side of k/n by bisection."""
+    phat = k / n
+
+    def f(p):
+        return (phat - p) ** 2 - z * z * p * (1 - p) / n
+
+    def root(lo, hi):
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if (f(lo) > 0) == (f(mid) > 0):
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    low = 0.0 if k == 0 else root(0.0, phat)
+    high = 1.0 if k == n else root(phat, 1.0)
+    return low, high
+
+
+@pytest.mark.parametrize("k, n", [(0, 10), (8, 10), (20, 20), (3, 20), (11, 20), (1, 1)])
+def test_wilson_solves_its_defining_equation(k, n):
+    np.testing.assert_allclose(wilson_interval(k, n), wilson_by_bisection(k, n), atol=1e-9)
+
+
+def test_wilson_known_values_and_errors():
+    np.testing.assert_allclose(wilson_interval(8, 10), (0.4902, 0.9433), atol=1e-4)  # the textbook example
+    with pytest.raises(ValueError, match=r"k must be an integer in \[0, 10\]"):
+        wilson_interval(11, 10)
+    with pytest.raises(TypeError, match="n must be an integer"):
+        wilson_interval(1, 2.0)
+
+
+def test_bootstrap_interval_covers_the_true_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(1)
+    hits = 0
+    for trial in range(300):
+        sample = rng.normal(loc=2.0, scale=1.0, size=20)
+        interval = bootstrap_mean_interval(sample, n_boot=2000, seed=trial)
+        assert interval["low"] <= interval["mean"] <= interval["high"]
+        hits += interval["low"] <= 2.0 <= interval["high"]
+    assert 0.88 <= hits / 300 <= 0.99  # the percentile bootstrap undercovers a little at n = 20
+
+
+def test_paired_difference_p_value_counts_sign_patterns():
+    d = np.array([0.3, 0.1, 0.2, 0.4, 0.25])
+    result = paired_difference(d + 1.0, np.ones(5))
+    assert result["p_value"] == pytest.approx(2 / 32)  # only all-plus and all-minus are as extreme, of 2^5
+    assert result["real"] and result["low"] > 0 and result["mean"] == pytest.approx(d.mean())
+    mixed = paired_difference([1.0, 2.0, 3.0, 4.0], [1.5, 1.5, 3.5, 3.5])  # d = -0.5, 0.5, -0.5, 0.5
+    assert not mixed["real"] and mixed["p_value"] == 1.0
+    with pytest.raises(ValueError, match="pair one to one"):
+        paired_difference([1, 2, 3], [1, 2])
+
+
+def test_outcomes_and_separation():
+    ln2, ln4 = math.log(2), math.log(4)
+    assert [outcome_of(x, 4) for x in (0.001, 0.3, 0.69, 0.837, 1.2, 1.386)] == [
+        "solved", "solved", "partial", "partial", "chance", "chance"]
+    table = outcomes([0.0, ln2, ln4, ln4], 4)
+    assert table["chance"]["count"] == 2 and table["chance"]["fraction"] == 0.5
+    assert (table["solved"]["low"], table["solved"]["high"]) == pytest.approx(wilson_interval(1, 4))
+    assert separated((0.1, 0.2), (0.3, 0.4)) and not separated((0.1, 0.35), (0.3, 0.4))
