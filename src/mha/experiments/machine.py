@@ -17,8 +17,8 @@ import torch
 
 from mha._checks import check_int
 
-__all__ = ["seed_everything", "resolve_device", "cpu_model", "device_name", "set_threads", "synchronize",
-           "machine_info"]
+__all__ = ["seed_everything", "resolve_device", "cpu_model", "cpu_id", "cpu_capability", "device_name", "set_threads",
+           "synchronize", "machine_info"]
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """The environment variables that size the CPU thread pools (read when torch starts)."""
@@ -58,6 +58,33 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_id() -> str:
+    """The CPU's model name with its family, model and stepping numbers (virtual machines often report only a brand
+    such as "AMD EPYC"; the numbers tell two such CPUs apart), e.g. "AMD EPYC (family 25, model 1, stepping 1)"."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model", "stepping") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip() and fields:
+                break  # the first processor's block is enough
+    except OSError:
+        pass
+    numbers = ", ".join(f"{'family' if k == 'cpu family' else k} {v}" for k, v in fields.items())
+    return f"{cpu_model()} ({numbers})" if numbers else cpu_model()
+
+
+def cpu_capability() -> str:
+    """The vector instruction set torch's CPU kernels use ("AVX2", "AVX512", "DEFAULT", ...): it decides which
+    kernels run, hence the order of floating-point operations."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # older torch
+        return "unknown"
+
+
 def device_name(device: torch.device) -> str:
     """What ran: the GPU's name on CUDA (e.g. "NVIDIA H100 80GB HBM3"), else the CPU's model (:func:`cpu_model`)."""
     if device.type == "cuda":
@@ -83,6 +110,6 @@ def synchronize(device: torch.device) -> None:
 def machine_info(device: torch.device) -> dict:
     """The fields every results row records about the machine: device, its name, the CPU model, torch's thread
     count, torch and Python versions."""
-    return dict(device=device.type, device_name=device_name(device), cpu_model=cpu_model(),
-                num_threads=torch.get_num_threads(), torch_version=torch.__version__,
+    return dict(device=device.type, device_name=device_name(device), cpu_model=cpu_model(), cpu_id=cpu_id(),
+                cpu_capability=cpu_capability(), num_threads=torch.get_num_threads(), torch_version=torch.__version__,
                 python_version=platform.python_version())

@@ -5,14 +5,16 @@ Book: part III (the reproducibility section of each chapter, and the claims appe
 Usage::
 
     python -m mha.experiments.reproduce [SWEEP ...] [--runs RUN_ID ...] [--per-sweep K] [--out DIR]
-                                        [--executor notebook|function] [--against DIR]
+                                        [--executor notebook|function] [--against DIR] [--env NAME=VALUE ...]
 
 For each sweep (default: every sweep with committed results) it reruns the runs named by ``--runs``, or the first
 ``--per-sweep`` finished ones, into ``DIR/<sweep>/`` with the sweep's own settings (``python -m mha.sweep ...
 --only``), then compares every metric the two rows share with the committed row (or with the row of the same run in
 ``--against DIR/<sweep>/results.csv``). Timings and the machine's description are reported, not compared. The report
 (``DIR/report.json``, and a table on stdout) gives, per run and metric, both values and the relative difference, and
-per sweep whether every compared number was identical.
+per sweep whether every compared number was identical. ``--env`` sets environment variables for the reruns, e.g.
+``ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41``: the same machine on the
+code paths of a CPU without AVX2 (torch's, MKL's and oneDNN's kernels then add in another order).
 
 Runs are deterministic on one CPU model with one thread count and one torch build; on another CPU (or another
 library build) floating-point reductions can take another order, and a training run can move, a little or, near a
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -31,13 +34,17 @@ from mha._checks import check_choice, check_int
 from mha.experiments.io import save_json
 from mha.experiments.results import experiments_dir, load, sweep_names
 
-__all__ = ["NOT_COMPARED", "compare_rows", "reproduce", "main"]
+__all__ = ["NOT_COMPARED", "ENVIRONMENT", "compare_rows", "reproduce", "main"]
+
+ENVIRONMENT = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
+"""Environment variables that change which kernels run; the report records those that were set."""
 
 NOT_COMPARED = {
     "run_id", "sweep", "status", "error", "git_commit",  # bookkeeping
     "tokens_per_s", "wall_s", "train_wall_s", "total_wall_s", "analysis_s", "decode_s_per_token",
     "load_average_1min", "cpu_count",  # timings and load
-    "device", "device_name", "cpu_model", "num_threads", "threads", "torch_version", "python_version",  # the machine
+    "device", "device_name", "cpu_model", "cpu_id", "cpu_capability", "num_threads", "threads", "torch_version",
+    "python_version",  # the machine
     "progress",
 }
 """Columns reported but never compared: they describe when, where and how fast a run ran, not what it computed."""
@@ -83,7 +90,9 @@ def reproduce(sweeps=None, runs=None, per_sweep: int = 1, out="_build/reproduce"
     out = Path(out)
     names = list(sweeps) if sweeps else [n for n, path in sweep_names().items()
                                          if (path.parent / n / "results.csv").is_file()]
-    report = dict(sweeps={}, executor=executor, against=str(against) if against else "committed results")
+    environment = {k: os.environ[k] for k in ENVIRONMENT if k in os.environ}
+    report = dict(sweeps={}, executor=executor, against=str(against) if against else "committed results",
+                  environment=environment)
     for name in names:
         committed = load(name)
         reference_rows = _rows(Path(against) / name / "results.csv") if against else _rows(committed.csv_path)
@@ -130,7 +139,14 @@ def main(argv=None) -> int:
     parser.add_argument("--executor", choices=("notebook", "function"), default="notebook")
     parser.add_argument("--against", default=None, help="compare with DIR/<sweep>/results.csv instead of the "
                                                         "committed results")
+    parser.add_argument("--env", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="environment variables for the reruns (read when each run's torch starts)")
     args = parser.parse_args(argv)
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--env takes NAME=VALUE, got {item!r}")
+        os.environ[name] = value
     experiments_dir()  # fail early outside a checkout
     report = reproduce(args.sweeps, args.runs, args.per_sweep, args.out, args.executor, args.against)
     _print(report)
