@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 
 @dataclass

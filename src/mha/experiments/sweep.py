@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
 from mha._checks import check_choice, check_int
 

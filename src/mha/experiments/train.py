@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
 from mha._checks import check_float, check_int, check_type
 from mha.experiments.io import save_json
