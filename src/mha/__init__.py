@@ -11,6 +11,9 @@ Submodules
 ``mha.model``, ``mha.tasks``, ``mha.train``, ``mha.sweep``, ``mha.bench``: the experiment suite.
 ``mha.analysis``   head scores, similarity, importance and pruning for trained models (book part III).
 ``mha.viz``        ``attention_explorer``: an interactive attention-map viewer for the static HTML book.
+``mha.kernels``    ``flash_attention``: FlashAttention forward and backward in Triton (part II, "From the recurrence
+                   to a kernel"). Needs the optional extra ``pip install "mha-derived[kernels]"`` (Triton); without
+                   it, ``import mha`` still works and only ``mha.kernels`` raises ImportError.
 """
 
 from importlib import import_module
@@ -22,7 +25,7 @@ _LAZY = {
     "KVCache": "mha.kv_cache",
 }
 _SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "model", "tasks", "train", "sweep", "bench",
-               "analysis", "viz"}
+               "analysis", "viz", "kernels"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

@@ -18,7 +18,7 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess by te
         'mha.kernels needs Triton, an optional extra of this package: pip install "mha-derived[kernels]" '
         f'(or pip install triton). Importing triton failed: {err}') from err
 
-from mha.kernels.flash_attention import (FlashAttentionFunction, flash_attention, flash_attention_backward,
+from mha.kernels.flash import (FlashAttentionFunction, flash_attention, flash_attention_backward,
                                          flash_attention_forward, is_interpreted)
 
 __all__ = ["flash_attention", "flash_attention_forward", "flash_attention_backward", "FlashAttentionFunction",

@@ -28,6 +28,9 @@ Design, in one place (each kernel's docstring says more):
 * **Tails and head sizes.** Any L_q, L_kv: rows and columns past the end are loaded as zeros and masked where
   they could matter. head_dim up to 128, padded inside the kernel to the next power of two (at least 16) with
   masked loads, so 48 or 80 work too.
+* **Tile sizes.** Under the interpreter, 16 x 16 (``INTERPRETER_TILES``). On a GPU, ``triton.autotune`` picks
+  among a few candidates (``GPU_TILES``) on the first call for each dtype, head size, causal flag and
+  power-of-two length bucket.
 """
 
 from __future__ import annotations
@@ -67,24 +70,34 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(base, rows, n_rows, stride_row, cols, n_cols, stride_col):
-    """Load the (len(rows), len(cols)) tile base[rows, cols]; entries past n_rows or n_cols read as 0.
+def _load_rows(base, rows, n_rows, stride_row, stride_col, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Load ``base[rows, :HEAD_DIM]`` as a (len(rows), BLOCK_D) tile; rows past n_rows and the padding columns
+    past HEAD_DIM read as 0 (zero columns change no dot product).
 
     Book: part II, "From the recurrence to a kernel" (tails and head-size padding).
     """
-    ptrs = base + rows[:, None] * stride_row + cols[None, :] * stride_col
-    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    dims = tl.arange(0, BLOCK_D)
+    ptrs = base + rows[:, None] * stride_row + dims[None, :] * stride_col
+    if HEAD_DIM < BLOCK_D:
+        inside = (rows[:, None] < n_rows) & (dims[None, :] < HEAD_DIM)
+    else:  # no padding: a mask constant along the row keeps the loads vectorised
+        inside = rows[:, None] < n_rows
     return tl.load(ptrs, mask=inside, other=0.0)
 
 
 @triton.jit
-def _store_tile(base, tile, rows, n_rows, stride_row, cols, n_cols, stride_col):
-    """Store ``tile`` into base[rows, cols], skipping entries past n_rows or n_cols.
+def _store_rows(base, tile, rows, n_rows, stride_row, stride_col, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """Store the (len(rows), BLOCK_D) ``tile`` into ``base[rows, :HEAD_DIM]``, skipping rows past n_rows.
 
     Book: part II, "From the recurrence to a kernel".
     """
-    ptrs = base + rows[:, None] * stride_row + cols[None, :] * stride_col
-    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    dims = tl.arange(0, BLOCK_D)
+    ptrs = base + rows[:, None] * stride_row + dims[None, :] * stride_col
+    if HEAD_DIM < BLOCK_D:
+        inside = (rows[:, None] < n_rows) & (dims[None, :] < HEAD_DIM)
+    else:
+        inside = rows[:, None] < n_rows
     tl.store(ptrs, tile.to(base.dtype.element_ty), mask=inside)
 
 
@@ -129,17 +142,16 @@ def _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr, BL
 # [forward-kernel-start]
 @triton.jit
 def _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start_n, rows,
-                  seq_len_kv, head_dim, causal_offset, scale_log2, IS_CAUSAL: tl.constexpr, MASK: tl.constexpr,
-                  IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                  seq_len_kv, causal_offset, scale_log2, IS_CAUSAL: tl.constexpr, MASK: tl.constexpr,
+                  IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """One step of the online softmax: fold the key tile starting at ``start_n`` into (acc, m, l).
 
     Scores are in base 2 (``scale_log2 = scale * log2 e``), so ``exp2(s - m)`` is the book's ``e^{s - m}``.
     Book: part II, "Exact attention without the n x n matrix", eq. (online-matrix).
     """
     cols = start_n + tl.arange(0, BLOCK_N)  # key positions of this tile
-    dims = tl.arange(0, BLOCK_D)
-    k = _load_tile(k_base, cols, seq_len_kv, stride_kn, dims, head_dim, stride_kd)  # (BLOCK_N, BLOCK_D)
-    v = _load_tile(v_base, cols, seq_len_kv, stride_vn, dims, head_dim, stride_vd)  # (BLOCK_N, BLOCK_D)
+    k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(v_base, cols, seq_len_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
     s = _dot(q, tl.trans(k), IEEE) * scale_log2  # (BLOCK_M, BLOCK_N) base-2 scores
     if MASK:
         s = tl.where(_allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL), s, float("-inf"))
@@ -161,13 +173,16 @@ def _forward_kernel(Q, K, V, Out, Lse,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
                     stride_ob, stride_oh, stride_om, stride_od,
-                    n_heads, group_size, seq_len_q, seq_len_kv, head_dim, scale_log2,
+                    n_heads, group_size, seq_len_q, seq_len_kv, scale_log2, tune_len_q, tune_len_kv,
                     IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
     """One program: one query tile of one (batch, query head); grid (cdiv(L_q, BLOCK_M), N * h).
 
     Keeps the Q tile, m, l and the accumulator on chip, streams K and V tiles of key/value head
     ``head // group_size``, and writes O and the log-sum-exp (base e) once.
+    ``tune_len_q`` and ``tune_len_kv`` are not read: they are the lengths rounded up to a power of two, the
+    autotuner's key on a GPU.
     Book: part II, "From the recurrence to a kernel".
     """
     pid_m = tl.program_id(0)
@@ -177,12 +192,11 @@ def _forward_kernel(Q, K, V, Out, Lse,
     kv_head = head // group_size  # GQA: the key/value head this query head reads, no copy
     first_row = pid_m * BLOCK_M
     rows = first_row + tl.arange(0, BLOCK_M)  # query positions of this tile
-    dims = tl.arange(0, BLOCK_D)  # head_dim padded to a power of two
 
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
-    q = _load_tile(q_base, rows, seq_len_q, stride_qm, dims, head_dim, stride_qd)  # (BLOCK_M, BLOCK_D)
+    q = _load_rows(q_base, rows, seq_len_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
@@ -191,19 +205,19 @@ def _forward_kernel(Q, K, V, Out, Lse,
     full_end, visible_end = _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):  # tiles every row sees in full: no mask
         acc, m, l = _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  start_n, rows, seq_len_kv, head_dim, causal_offset, scale_log2,
-                                  IS_CAUSAL, False, IEEE, BLOCK_N, BLOCK_D)
+                                  start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                                  IS_CAUSAL, False, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
     for start_n in range(full_end, visible_end, BLOCK_N):  # the diagonal and the tail: masked
         acc, m, l = _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  start_n, rows, seq_len_kv, head_dim, causal_offset, scale_log2,
-                                  IS_CAUSAL, True, IEEE, BLOCK_N, BLOCK_D)
+                                  start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                                  IS_CAUSAL, True, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
 
     empty = l == 0.0  # rows with no allowed key
     l_safe = tl.where(empty, 1.0, l)
     out = acc / l_safe[:, None]  # eq. (online-final); 0 for empty rows, whose acc is 0
     lse = tl.where(empty, float("inf"), (m + tl.log2(l_safe)) * 0.6931471805599453)  # base e: ln 2 (m + log2 l)
     o_base = Out + batch * stride_ob + head * stride_oh
-    _store_tile(o_base, out, rows, seq_len_q, stride_om, dims, head_dim, stride_od)
+    _store_rows(o_base, out, rows, seq_len_q, stride_om, stride_od, HEAD_DIM, BLOCK_D)
     tl.store(Lse + pid_bh.to(tl.int64) * seq_len_q + rows, lse, mask=rows < seq_len_q)
 # [forward-kernel-end]
 
@@ -217,8 +231,8 @@ def _forward_kernel(Q, K, V, Out, Lse,
 def _backward_preprocess_kernel(Out, dOut, Delta,
                                 stride_ob, stride_oh, stride_om, stride_od,
                                 stride_db, stride_dh, stride_dm, stride_dd,
-                                n_heads, seq_len_q, head_dim,
-                                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                                n_heads, seq_len_q,
+                                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """D_i = rowsum(dO_i * O_i) = sum_j A_ij dA_ij, float32, one program per query tile of one (batch, head).
 
     Book: part II, "From the recurrence to a kernel" (the backward); the identity: "Exact attention without the
@@ -229,11 +243,10 @@ def _backward_preprocess_kernel(Out, dOut, Delta,
     batch = (pid_bh // n_heads).to(tl.int64)
     head = (pid_bh % n_heads).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
-    o = _load_tile(Out + batch * stride_ob + head * stride_oh, rows, seq_len_q, stride_om, dims, head_dim,
-                   stride_od)  # (BLOCK_M, BLOCK_D)
-    do = _load_tile(dOut + batch * stride_db + head * stride_dh, rows, seq_len_q, stride_dm, dims, head_dim,
-                    stride_dd)  # (BLOCK_M, BLOCK_D)
+    o_base = Out + batch * stride_ob + head * stride_oh
+    do_base = dOut + batch * stride_db + head * stride_dh
+    o = _load_rows(o_base, rows, seq_len_q, stride_om, stride_od, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_base, rows, seq_len_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (BLOCK_M,)
     tl.store(Delta + pid_bh.to(tl.int64) * seq_len_q + rows, delta, mask=rows < seq_len_q)
 
@@ -246,26 +259,24 @@ def _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, sc
     Book: part II, "Exact attention without the n x n matrix", eq. (online-recompute).
     """
     s = _dot(q, tl.trans(k), IEEE) * scale_log2  # (BLOCK_M, BLOCK_N) base-2 scores
-    p = tl.exp2(s - lse_log2[:, None])  # (BLOCK_M, BLOCK_N); rows with L = +inf give 0
     if MASK:
-        p = tl.where(_allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL), p, 0.0)
-    return p
+        s = tl.where(_allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL), s, float("-inf"))
+    return tl.exp2(s - lse_log2[:, None])  # (BLOCK_M, BLOCK_N); masked entries and rows with L = +inf give 0
 
 
 @triton.jit
 def _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dm,
-                      stride_dd, start_m, cols, seq_len_q, seq_len_kv, head_dim, causal_offset, scale_log2,
+                      stride_dd, start_m, cols, seq_len_q, seq_len_kv, causal_offset, scale_log2,
                       IS_CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add one query tile's contribution to dK and dV of the key tile ``cols``: dV += P^T dO, dK += dS^T Q.
 
     dS = P * (dP - D) with dP = dO V^T (the scale is applied once, at the end). Book: part II, "The backward
     pass"; "From the recurrence to a kernel".
     """
     rows = start_m + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
-    q = _load_tile(q_base, rows, seq_len_q, stride_qm, dims, head_dim, stride_qd)  # (BLOCK_M, BLOCK_D)
-    do = _load_tile(do_base, rows, seq_len_q, stride_dm, dims, head_dim, stride_dd)  # (BLOCK_M, BLOCK_D)
+    q = _load_rows(q_base, rows, seq_len_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_base, rows, seq_len_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
     lse_log2 = tl.load(lse_base + rows, mask=rows < seq_len_q, other=float("inf")) * 1.4426950408889634
     delta = tl.load(delta_base + rows, mask=rows < seq_len_q, other=0.0)  # (BLOCK_M,)
     p = _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, scale_log2,
@@ -308,13 +319,16 @@ def _backward_kv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
                         stride_db, stride_dh, stride_dm, stride_dd,
                         stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                        n_heads, n_kv_heads, group_size, seq_len_q, seq_len_kv, head_dim, scale, scale_log2,
-                        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                        n_kv_heads, group_size, n_heads, seq_len_q, seq_len_kv, scale, scale_log2,
+                        tune_len_q, tune_len_kv, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
     """One program: one key tile of one (batch, key/value head); grid (cdiv(L_kv, BLOCK_N), N * g).
 
     Keeps K, V, dK and dV of its tile on chip and loops over the query tiles of each of the ``group_size``
     query heads that read this key/value head, so a GQA group's gradients are summed here, with no atomics.
+    ``tune_len_q``, ``tune_len_kv``: as in the forward: they are the lengths rounded up to a power of two, the
+    autotuner's key on a GPU.
     Book: part II, "From the recurrence to a kernel".
     """
     pid_n = tl.program_id(0)
@@ -323,11 +337,10 @@ def _backward_kv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
     kv_head = (pid_bg % n_kv_heads).to(tl.int64)
     first_col = pid_n * BLOCK_N
     cols = first_col + tl.arange(0, BLOCK_N)  # key positions of this tile
-    dims = tl.arange(0, BLOCK_D)
-    k = _load_tile(K + batch * stride_kb + kv_head * stride_kh, cols, seq_len_kv, stride_kn, dims, head_dim,
-                   stride_kd)  # (BLOCK_N, BLOCK_D)
-    v = _load_tile(V + batch * stride_vb + kv_head * stride_vh, cols, seq_len_kv, stride_vn, dims, head_dim,
-                   stride_vd)  # (BLOCK_N, BLOCK_D)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(v_base, cols, seq_len_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     causal_offset = seq_len_kv - seq_len_q
@@ -341,32 +354,33 @@ def _backward_kv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
         delta_base = Delta + (batch * n_heads + head) * seq_len_q
         for start_m in range(first_start, full_start, BLOCK_M):  # the diagonal (and tails): masked
             dk, dv = _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_dm, stride_dd, start_m, cols, seq_len_q, seq_len_kv, head_dim,
-                                       causal_offset, scale_log2, IS_CAUSAL, True, IEEE, BLOCK_M, BLOCK_D)
+                                       stride_dm, stride_dd, start_m, cols, seq_len_q, seq_len_kv,
+                                       causal_offset, scale_log2, IS_CAUSAL, True, IEEE, BLOCK_M, BLOCK_D,
+                                       HEAD_DIM)
         for start_m in range(full_start, end, BLOCK_M):  # query tiles that see the whole key tile
             dk, dv = _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_dm, stride_dd, start_m, cols, seq_len_q, seq_len_kv, head_dim,
-                                       causal_offset, scale_log2, IS_CAUSAL, False, IEEE, BLOCK_M, BLOCK_D)
+                                       stride_dm, stride_dd, start_m, cols, seq_len_q, seq_len_kv,
+                                       causal_offset, scale_log2, IS_CAUSAL, False, IEEE, BLOCK_M, BLOCK_D,
+                                       HEAD_DIM)
     dk = dk * scale  # dK = scale dS^T Q
-    _store_tile(dK + batch * stride_dkb + kv_head * stride_dkh, dk, cols, seq_len_kv, stride_dkn, dims, head_dim,
-                stride_dkd)
-    _store_tile(dV + batch * stride_dvb + kv_head * stride_dvh, dv, cols, seq_len_kv, stride_dvn, dims, head_dim,
-                stride_dvd)
+    dk_base = dK + batch * stride_dkb + kv_head * stride_dkh
+    dv_base = dV + batch * stride_dvb + kv_head * stride_dvh
+    _store_rows(dk_base, dk, cols, seq_len_kv, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_D)
+    _store_rows(dv_base, dv, cols, seq_len_kv, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                     start_n, rows, seq_len_kv, head_dim, causal_offset, scale_log2,
+                     start_n, rows, seq_len_kv, causal_offset, scale_log2,
                      IS_CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add one key tile's contribution to dQ of the query tile: dQ += dS K (the scale is applied at the end).
 
     Book: part II, "The backward pass"; "From the recurrence to a kernel".
     """
     cols = start_n + tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, BLOCK_D)
-    k = _load_tile(k_base, cols, seq_len_kv, stride_kn, dims, head_dim, stride_kd)  # (BLOCK_N, BLOCK_D)
-    v = _load_tile(v_base, cols, seq_len_kv, stride_vn, dims, head_dim, stride_vd)  # (BLOCK_N, BLOCK_D)
+    k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(v_base, cols, seq_len_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
     p = _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, scale_log2,
                            IS_CAUSAL, MASK, IEEE)  # (BLOCK_M, BLOCK_N)
     dp = _dot(do, tl.trans(v), IEEE)  # (BLOCK_M, BLOCK_N)
@@ -382,11 +396,13 @@ def _backward_q_kernel(Q, K, V, dOut, Lse, Delta, dQ,
                        stride_vb, stride_vh, stride_vn, stride_vd,
                        stride_db, stride_dh, stride_dm, stride_dd,
                        stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-                       n_heads, group_size, seq_len_q, seq_len_kv, head_dim, scale, scale_log2,
+                       group_size, n_heads, seq_len_q, seq_len_kv, scale, scale_log2, tune_len_q, tune_len_kv,
                        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
     """One program: one query tile of one (batch, query head), looping over key tiles like the forward;
     grid (cdiv(L_q, BLOCK_M), N * h). Keeps Q, dO, L, D and dQ of its tile on chip and writes dQ once.
+    ``tune_len_q``, ``tune_len_kv``: as in the forward.
 
     Book: part II, "From the recurrence to a kernel".
     """
@@ -397,11 +413,10 @@ def _backward_q_kernel(Q, K, V, dOut, Lse, Delta, dQ,
     kv_head = head // group_size
     first_row = pid_m * BLOCK_M
     rows = first_row + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q + batch * stride_qb + head * stride_qh, rows, seq_len_q, stride_qm, dims, head_dim,
-                   stride_qd)  # (BLOCK_M, BLOCK_D)
-    do = _load_tile(dOut + batch * stride_db + head * stride_dh, rows, seq_len_q, stride_dm, dims, head_dim,
-                    stride_dd)  # (BLOCK_M, BLOCK_D)
+    q_base = Q + batch * stride_qb + head * stride_qh
+    do_base = dOut + batch * stride_db + head * stride_dh
+    q = _load_rows(q_base, rows, seq_len_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_base, rows, seq_len_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
     row_stats = pid_bh.to(tl.int64) * seq_len_q + rows
     lse_log2 = tl.load(Lse + row_stats, mask=rows < seq_len_q, other=float("inf")) * 1.4426950408889634
     delta = tl.load(Delta + row_stats, mask=rows < seq_len_q, other=0.0)  # (BLOCK_M,)
@@ -412,15 +427,15 @@ def _backward_q_kernel(Q, K, V, dOut, Lse, Delta, dQ,
     full_end, visible_end = _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):
         dq = _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                              stride_vd, start_n, rows, seq_len_kv, head_dim, causal_offset, scale_log2,
-                              IS_CAUSAL, False, IEEE, BLOCK_N, BLOCK_D)
+                              stride_vd, start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                              IS_CAUSAL, False, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
     for start_n in range(full_end, visible_end, BLOCK_N):
         dq = _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                              stride_vd, start_n, rows, seq_len_kv, head_dim, causal_offset, scale_log2,
-                              IS_CAUSAL, True, IEEE, BLOCK_N, BLOCK_D)
+                              stride_vd, start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                              IS_CAUSAL, True, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
     dq = dq * scale  # dQ = scale dS K
-    _store_tile(dQ + batch * stride_dqb + head * stride_dqh, dq, rows, seq_len_q, stride_dqm, dims, head_dim,
-                stride_dqd)
+    dq_base = dQ + batch * stride_dqb + head * stride_dqh
+    _store_rows(dq_base, dq, rows, seq_len_q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_D)
 # [backward-kernels-end]
 
 
@@ -430,7 +445,7 @@ def _backward_q_kernel(Q, K, V, dOut, Lse, Delta, dQ,
 
 
 class Tiles(NamedTuple):
-    """Launch configuration of one kernel: tile rows (queries), tile columns (keys), warps, pipeline stages."""
+    """Launch configuration of one kernel: tile rows (queries, B_r), tile columns (keys, B_c), warps, stages."""
 
     block_m: int
     block_n: int
@@ -447,25 +462,46 @@ def is_interpreted() -> bool:
 
 
 #: Tiles under the interpreter: the smallest tl.dot accepts on a GPU, so small test shapes still span several
-#: tiles (tails, the causal diagonal and the loops are all exercised). Tests may replace them.
+#: tiles (tails, the causal diagonal and both loops are exercised). Tests may replace them.
 INTERPRETER_TILES = {"forward": Tiles(16, 16), "backward_kv": Tiles(16, 16), "backward_q": Tiles(16, 16)}
 
+#: Candidate tiles on a GPU, (B_r, B_c, warps, stages), in the range FlashAttention-2 uses. Not tuned on hardware
+#: here (no GPU was available): Triton's autotuner times them on the first call of each (dtype, head size, causal,
+#: power-of-two length bucket) and keeps the fastest. All compile for sm_90 within its shared memory.
+GPU_TILES = {
+    ("forward", "half"): [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
+                          (64, 32, 4, 4)],
+    ("forward", "float32"): [(64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2)],
+    ("backward_kv", "half"): [(32, 128, 4, 2), (32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
+                              (16, 128, 4, 2)],
+    ("backward_kv", "float32"): [(32, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)],
+    ("backward_q", "half"): [(128, 32, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)],
+    ("backward_q", "float32"): [(64, 32, 4, 1), (32, 32, 4, 1), (32, 16, 4, 1)],
+}
+PREPROCESS_ROWS = 64  # the D_i kernel's query tile on a GPU (16 under the interpreter)
+_TUNE_KEY = ["tune_len_q", "tune_len_kv", "HEAD_DIM", "IS_CAUSAL"]  # the autotuner also keys on the dtypes
+_KERNELS = {"forward": _forward_kernel, "backward_kv": _backward_kv_kernel, "backward_q": _backward_q_kernel}
+_TUNED = {}
 
-def _gpu_tiles(kind: str, block_d: int, dtype: torch.dtype) -> Tiles:
-    """Tiles for a CUDA launch. Starting points in the range FlashAttention-2 uses (query tiles of 64-128 rows,
-    key tiles of 32-128 columns); not tuned on hardware here. A launch that runs out of shared memory is retried
-    with smaller tiles (``_launch``)."""
-    wide = block_d > 64 or dtype == torch.float32  # bigger tiles would not fit in shared memory
-    if kind == "forward":
-        return Tiles(128, 64, 8 if wide else 4, 3) if dtype != torch.float32 else Tiles(64, 32, 4, 2)
-    if kind == "backward_kv":  # a tall key tile (it is what the program keeps), short query tiles streamed past it
-        return Tiles(32, 64 if wide else 128, 8 if wide else 4, 2)
-    return Tiles(64 if wide else 128, 32, 8 if wide else 4, 2)  # backward_q: the forward's shape
+
+def _tuned_kernel(kind: str, dtype: torch.dtype):
+    """The GPU kernel ``kind`` wrapped in ``triton.autotune`` over ``GPU_TILES`` (built once per kind and
+    precision)."""
+    precision = "float32" if dtype == torch.float32 else "half"
+    if (kind, precision) not in _TUNED:
+        configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+                   for m, n, w, s in GPU_TILES[kind, precision]]
+        _TUNED[kind, precision] = triton.autotune(configs=configs, key=_TUNE_KEY)(_KERNELS[kind])
+    return _TUNED[kind, precision]
 
 
-def _tiles(kind: str, block_d: int, dtype: torch.dtype) -> Tiles:
-    """The launch configuration for ``kind`` ("forward", "backward_kv", "backward_q")."""
-    return INTERPRETER_TILES[kind] if is_interpreted() else _gpu_tiles(kind, block_d, dtype)
+def _launch(kind: str, grid, args, dtype: torch.dtype, **constexprs) -> None:
+    """Launch ``kind`` on ``grid(meta)``: fixed tiles under the interpreter, autotuned tiles on a GPU."""
+    if is_interpreted():
+        tiles = INTERPRETER_TILES[kind]
+        _KERNELS[kind][grid](*args, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, **constexprs)
+    else:
+        _tuned_kernel(kind, dtype)[grid](*args, **constexprs)
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -473,18 +509,9 @@ def _padded_head_dim(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def _launch(kernel, grid_of, args, tiles: Tiles, **constexprs):
-    """Launch ``kernel`` on the grid ``grid_of(tiles)``; on a GPU, halve the tiles (down to 16) and retry if
-    the configuration runs out of shared memory or registers."""
-    while True:
-        options = {} if is_interpreted() else {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
-        try:
-            kernel[grid_of(tiles)](*args, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, **constexprs, **options)
-            return
-        except triton.runtime.errors.OutOfResources:
-            if max(tiles.block_m, tiles.block_n) <= 16:
-                raise
-            tiles = Tiles(max(16, tiles.block_m // 2), max(16, tiles.block_n // 2), tiles.num_warps, 1)
+def _tune_len(seq_len: int) -> int:
+    """A length rounded up to a power of two: the autotuner re-tunes only when a length crosses one."""
+    return triton.next_power_of_2(seq_len)
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -497,12 +524,12 @@ def _forward(q, k, v, is_causal: bool, scale: float):
     n_kv_heads, seq_len_kv = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (N, h, L_q, d)
     lse = torch.empty((n_batch, n_heads, seq_len_q), device=q.device, dtype=torch.float32)  # (N, h, L_q)
-    block_d = _padded_head_dim(head_dim)
     args = (q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            n_heads, n_heads // n_kv_heads, seq_len_q, seq_len_kv, head_dim, scale * LOG2_E)
-    _launch(_forward_kernel, lambda t: (triton.cdiv(seq_len_q, t.block_m), n_batch * n_heads), args,
-            _tiles("forward", block_d, q.dtype), IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32,
-            BLOCK_D=block_d)
+            n_heads, n_heads // n_kv_heads, seq_len_q, seq_len_kv, scale * LOG2_E,
+            _tune_len(seq_len_q), _tune_len(seq_len_kv))
+    grid = lambda meta: (triton.cdiv(seq_len_q, meta["BLOCK_M"]), n_batch * n_heads)  # noqa: E731
+    _launch("forward", grid, args, q.dtype, IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32,
+            BLOCK_D=_padded_head_dim(head_dim), HEAD_DIM=head_dim)
     return out, lse
 
 
@@ -510,27 +537,25 @@ def _backward(q, k, v, out, lse, grad_out, is_causal: bool, scale: float):
     """Launch the three backward kernels on checked inputs; returns (dq, dk, dv) in the inputs' dtype."""
     n_batch, n_heads, seq_len_q, head_dim = q.shape
     n_kv_heads, seq_len_kv = k.shape[1], k.shape[2]
-    group_size = n_heads // n_kv_heads
-    block_d = _padded_head_dim(head_dim)
-    ieee = q.dtype == torch.float32
+    shapes = {"BLOCK_D": _padded_head_dim(head_dim), "HEAD_DIM": head_dim}
+    flags = {"IS_CAUSAL": is_causal, "IEEE": q.dtype == torch.float32} | shapes
     delta = torch.empty((n_batch, n_heads, seq_len_q), device=q.device, dtype=torch.float32)  # (N, h, L_q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (N, h, L_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (N, g, L_kv, d)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (N, g, L_kv, d)
 
-    pre = _tiles("backward_q", block_d, q.dtype)
-    _backward_preprocess_kernel[(triton.cdiv(seq_len_q, pre.block_m), n_batch * n_heads)](
-        out, grad_out, delta, *_strides(out), *_strides(grad_out), n_heads, seq_len_q, head_dim,
-        BLOCK_M=pre.block_m, BLOCK_D=block_d)
-    kv_args = (q, k, v, grad_out, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
-               *_strides(dk), *_strides(dv), n_heads, n_kv_heads, group_size, seq_len_q, seq_len_kv, head_dim,
-               scale, scale * LOG2_E)
-    _launch(_backward_kv_kernel, lambda t: (triton.cdiv(seq_len_kv, t.block_n), n_batch * n_kv_heads), kv_args,
-            _tiles("backward_kv", block_d, q.dtype), IS_CAUSAL=is_causal, IEEE=ieee, BLOCK_D=block_d)
+    rows = INTERPRETER_TILES["backward_q"].block_m if is_interpreted() else PREPROCESS_ROWS
+    _backward_preprocess_kernel[(triton.cdiv(seq_len_q, rows), n_batch * n_heads)](
+        out, grad_out, delta, *_strides(out), *_strides(grad_out), n_heads, seq_len_q, BLOCK_M=rows, **shapes)
+    common = (n_heads, seq_len_q, seq_len_kv, scale, scale * LOG2_E, _tune_len(seq_len_q), _tune_len(seq_len_kv))
+    kv_args = (q, k, v, grad_out, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
+               *_strides(grad_out), *_strides(dk), *_strides(dv), n_kv_heads, n_heads // n_kv_heads, *common)
+    kv_grid = lambda meta: (triton.cdiv(seq_len_kv, meta["BLOCK_N"]), n_batch * n_kv_heads)  # noqa: E731
+    _launch("backward_kv", kv_grid, kv_args, q.dtype, **flags)
     q_args = (q, k, v, grad_out, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
-              *_strides(dq), n_heads, group_size, seq_len_q, seq_len_kv, head_dim, scale, scale * LOG2_E)
-    _launch(_backward_q_kernel, lambda t: (triton.cdiv(seq_len_q, t.block_m), n_batch * n_heads), q_args,
-            _tiles("backward_q", block_d, q.dtype), IS_CAUSAL=is_causal, IEEE=ieee, BLOCK_D=block_d)
+              *_strides(dq), n_heads // n_kv_heads, *common)
+    q_grid = lambda meta: (triton.cdiv(seq_len_q, meta["BLOCK_M"]), n_batch * n_heads)  # noqa: E731
+    _launch("backward_q", q_grid, q_args, q.dtype, **flags)
     return dq, dk, dv
 
 
