@@ -465,18 +465,26 @@ def is_interpreted() -> bool:
 #: tiles (tails, the causal diagonal and both loops are exercised). Tests may replace them.
 INTERPRETER_TILES = {"forward": Tiles(16, 16), "backward_kv": Tiles(16, 16), "backward_q": Tiles(16, 16)}
 
-#: Candidate tiles on a GPU, (B_r, B_c, warps, stages), in the range FlashAttention-2 uses. Not tuned on hardware
-#: here (no GPU was available): Triton's autotuner times them on the first call of each (dtype, head size, causal,
-#: power-of-two length bucket) and keeps the fastest. All compile for sm_90 within its shared memory.
+#: Candidate tiles on a GPU, (B_r, B_c, warps, stages), per kernel, precision and head width (d <= 64 or wider),
+#: in the range FlashAttention-2 uses. Not timed on hardware here (no GPU was available): Triton's autotuner times
+#: them on the first call of each (dtype, head size, causal, power-of-two length bucket) and keeps the fastest.
+#: Every candidate was compiled for sm_90 without a GPU: it fits in shared memory, and those kept spill few or no
+#: registers.
 GPU_TILES = {
-    ("forward", "half"): [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
-                          (64, 32, 4, 4)],
-    ("forward", "float32"): [(64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2)],
-    ("backward_kv", "half"): [(32, 128, 4, 2), (32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2),
-                              (16, 128, 4, 2)],
-    ("backward_kv", "float32"): [(32, 64, 4, 1), (32, 32, 4, 1), (16, 32, 4, 1)],
-    ("backward_q", "half"): [(128, 32, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)],
-    ("backward_q", "float32"): [(64, 32, 4, 1), (32, 32, 4, 1), (32, 16, 4, 1)],
+    ("forward", "half", False): [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
+                                 (64, 32, 4, 4)],
+    ("forward", "half", True): [(64, 64, 4, 3), (64, 32, 4, 4), (128, 64, 8, 3), (128, 32, 8, 3),
+                                (64, 64, 8, 3)],
+    ("backward_kv", "half", False): [(32, 128, 8, 2), (32, 64, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2)],
+    ("backward_kv", "half", True): [(32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (16, 128, 8, 2)],
+    ("backward_q", "half", False): [(128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)],
+    ("backward_q", "half", True): [(64, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2), (128, 32, 8, 2)],
+    ("forward", "float32", False): [(64, 32, 4, 2), (32, 32, 4, 2)],
+    ("forward", "float32", True): [(32, 32, 4, 2), (16, 32, 4, 2)],
+    ("backward_kv", "float32", False): [(32, 64, 4, 1), (16, 32, 4, 1)],
+    ("backward_kv", "float32", True): [(16, 32, 4, 1), (16, 16, 4, 1)],
+    ("backward_q", "float32", False): [(64, 32, 4, 1), (32, 32, 4, 1)],
+    ("backward_q", "float32", True): [(32, 16, 4, 1), (16, 16, 4, 1)],
 }
 PREPROCESS_ROWS = 64  # the D_i kernel's query tile on a GPU (16 under the interpreter)
 _TUNE_KEY = ["tune_len_q", "tune_len_kv", "HEAD_DIM", "IS_CAUSAL"]  # the autotuner also keys on the dtypes
@@ -484,15 +492,15 @@ _KERNELS = {"forward": _forward_kernel, "backward_kv": _backward_kv_kernel, "bac
 _TUNED = {}
 
 
-def _tuned_kernel(kind: str, dtype: torch.dtype):
-    """The GPU kernel ``kind`` wrapped in ``triton.autotune`` over ``GPU_TILES`` (built once per kind and
-    precision)."""
-    precision = "float32" if dtype == torch.float32 else "half"
-    if (kind, precision) not in _TUNED:
+def _tuned_kernel(kind: str, dtype: torch.dtype, block_d: int):
+    """The GPU kernel ``kind`` wrapped in ``triton.autotune`` over its ``GPU_TILES`` (built once per kind,
+    precision and head width)."""
+    key = (kind, "float32" if dtype == torch.float32 else "half", block_d > 64)
+    if key not in _TUNED:
         configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-                   for m, n, w, s in GPU_TILES[kind, precision]]
-        _TUNED[kind, precision] = triton.autotune(configs=configs, key=_TUNE_KEY)(_KERNELS[kind])
-    return _TUNED[kind, precision]
+                   for m, n, w, s in GPU_TILES[key]]
+        _TUNED[key] = triton.autotune(configs=configs, key=_TUNE_KEY)(_KERNELS[kind])
+    return _TUNED[key]
 
 
 def _launch(kind: str, grid, args, dtype: torch.dtype, **constexprs) -> None:
@@ -501,7 +509,7 @@ def _launch(kind: str, grid, args, dtype: torch.dtype, **constexprs) -> None:
         tiles = INTERPRETER_TILES[kind]
         _KERNELS[kind][grid](*args, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, **constexprs)
     else:
-        _tuned_kernel(kind, dtype)[grid](*args, **constexprs)
+        _tuned_kernel(kind, dtype, constexprs["BLOCK_D"])[grid](*args, **constexprs)
 
 
 def _padded_head_dim(head_dim: int) -> int:
