@@ -35,27 +35,25 @@ Design, in one place (each kernel's docstring says more):
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from mha.kernels._validate import check_attention_inputs, check_backward_inputs
 
 __all__ = ["flash_attention", "flash_attention_forward", "flash_attention_backward", "FlashAttentionFunction",
            "is_interpreted"]
 
-LOG2_E = 1.4426950408889634  # log2(e): e^x = 2^(x log2 e)
-LN_2 = 0.6931471805599453  # ln(2): log x = ln 2 * log2 x
+LOG2_E = 1.4426950408889634  # log2(e): e^x = 2^(x log2 e); the kernels spell it (and ln 2) as literals
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small device functions shared by the kernels.
 # ---------------------------------------------------------------------------------------------------------------
 
-# [kernel-helpers-start]
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr):
     """a @ b accumulated in float32; ``IEEE`` asks for true float32 products (float32 inputs, not TF32).
@@ -108,7 +106,7 @@ def _allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr):
     Bottom-right alignment: query i (of the last L_q positions) sees key j iff j <= L_kv - L_q + i, so
     ``causal_offset = L_kv - L_q``. Book: part II, "Autoregressive decoding and the KV cache".
     """
-    allowed = (cols[None, :] < seq_len_kv) & (rows[:, None] >= 0)
+    allowed = (cols[None, :] < seq_len_kv) & (rows[:, None] >= 0)  # the second term only broadcasts to 2-D
     if IS_CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + causal_offset)
     return allowed
@@ -132,7 +130,6 @@ def _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr, BL
         every_row_end = seq_len_kv
     full_end = (every_row_end // BLOCK_N) * BLOCK_N  # whole tiles only; a partial tile goes to the masked loop
     return full_end, visible_end
-# [kernel-helpers-end]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -581,13 +578,13 @@ class FlashAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.scale)
         return dq, dk, dv, None, None
 
 
-# [public-api-start]
 def flash_attention(q, k, v, is_causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Exact attention ``softmax(scale q k^T) v`` by FlashAttention tiles, differentiable in q, k and v.
 
@@ -627,9 +624,3 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, is_causal: bool = Fals
     check_backward_inputs(q, out, lse, grad_out)
     with torch.no_grad():
         return _backward(q, k, v, out, lse, grad_out, is_causal, scale)
-# [public-api-end]
-
-
-def default_scale(head_dim: int) -> float:
-    """1/sqrt(head_dim), the scale used when ``scale=None``. Book: part I, "Why divide by sqrt(d_k)"."""
-    return 1.0 / math.sqrt(head_dim)
