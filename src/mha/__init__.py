@@ -11,6 +11,9 @@ The core (book parts I and II)
                    our layer's weights into ``torch.nn.MultiheadAttention``.
 ``mha.exercises``  graded "write it yourself" checkers: ``check_softmax(my_softmax)`` and ten more, each naming the
                    book's equation and the known bug that a wrong result matches.
+``mha.kernels``    ``flash_attention``: FlashAttention forward and backward in Triton (part II, "From the recurrence
+                   to a kernel"). Needs the optional extra ``pip install "mha-derived[kernels]"`` (Triton); without
+                   it, ``import mha`` still works and only ``mha.kernels`` raises ImportError.
 
 The experiment harness (book part III)
 --------------------------------------
@@ -33,7 +36,7 @@ _LAZY = {
     "MultiHeadAttention": "mha.attention",
     "KVCache": "mha.kv_cache",
 }
-_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "exercises", "experiments"}
+_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "exercises", "kernels", "experiments"}
 _MOVED = {name: f"mha.experiments.{name}" for name in ("model", "tasks", "train", "sweep", "bench", "analysis",
                                                         "viz")}
 
