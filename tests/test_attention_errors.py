@@ -52,7 +52,7 @@ CASES = [
     pytest.param(lambda: MHA(16, 4, n_kv_heads=0), ValueError, r"n_kv_heads must be an integer >= 1, got 0",
                  id="n_kv_heads=0"),
     pytest.param(lambda: MHA(16, 4, head_dim=0), ValueError, r"head_dim must be an integer >= 1, got 0", id="head_dim=0"),
-    pytest.param(lambda: MHA(16, 4, impl="flash"), ValueError, r"impl must be one of 'sdpa', 'naive', got 'flash'",
+    pytest.param(lambda: MHA(16, 4, impl="flash"), ValueError, r"impl must be one of 'sdpa', 'naive', 'triton', got 'flash'",
                  id="impl"),
     pytest.param(lambda: MHA(16, 4, dropout=1.0), ValueError, r"dropout must be a finite real number in \[0, 1\), got 1\.0",
                  id="dropout=1"),

@@ -404,3 +404,67 @@ def test_larger_shapes_on_the_gpu(kernels):
         out.backward(grad_out.float())
         for got, exp in zip((out, *(t.grad for t in leaves)), (expected, *(t.grad for t in leaves64))):
             torch.testing.assert_close(got.double(), exp, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------ MultiHeadAttention(impl="triton")
+def _impl_pair(**kwargs):
+    import mha
+
+    naive = mha.MultiHeadAttention(32, 4, impl="naive", **kwargs)
+    triton_layer = mha.MultiHeadAttention(32, 4, impl="triton", **kwargs)
+    triton_layer.load_state_dict(naive.state_dict())
+    return naive, triton_layer
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "head_dim": 12}],
+                         ids=["MHA", "GQA", "MQA-head_dim-12"])
+def test_module_impl_triton_matches_naive(kernels, kwargs):
+    """The module's impl="triton" computes what impl="naive" computes: outputs and every gradient, self- and
+    cross-attention, causal or not, with a head mask, unbatched."""
+    torch.manual_seed(0)
+    naive, triton_layer = _impl_pair(**kwargs)
+    x = torch.randn(1, 9, 32, requires_grad=True)
+    y = torch.randn(1, 5, 32)
+    for args in ((x,), (x, y)):
+        for causal in (False, True):
+            expected, _ = naive(*args, is_causal=causal, need_weights=False)
+            got, none = triton_layer(*args, is_causal=causal, need_weights=False)
+            assert none is None
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+            grads_naive = torch.autograd.grad(expected.sum(), [x, *naive.parameters()])
+            grads_triton = torch.autograd.grad(got.sum(), [x, *triton_layer.parameters()])
+            for g_triton, g_naive in zip(grads_triton, grads_naive):
+                torch.testing.assert_close(g_triton, g_naive, rtol=1e-4, atol=1e-5)
+    head_mask = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    torch.testing.assert_close(triton_layer(x, head_mask=head_mask, need_weights=False)[0],
+                               naive(x, head_mask=head_mask, need_weights=False)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(triton_layer(x[0], is_causal=True, need_weights=False)[0],
+                               naive(x[0], is_causal=True, need_weights=False)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_module_impl_triton_decodes_through_the_cache(kernels):
+    from mha import KVCache
+
+    torch.manual_seed(1)
+    naive, triton_layer = _impl_pair(n_kv_heads=2)
+    cache_naive, cache_triton = KVCache(1, 40, 2, 8), KVCache(1, 40, 2, 8)
+    x = torch.randn(1, 9, 32)
+    with torch.no_grad():
+        for start, stop in ((0, 5), (5, 6), (6, 7), (7, 9)):  # prefill, then one or two positions at a time
+            kwargs = dict(is_causal=True, need_weights=False)
+            torch.testing.assert_close(triton_layer(x[:, start:stop], kv_cache=cache_triton, **kwargs)[0],
+                                       naive(x[:, start:stop], kv_cache=cache_naive, **kwargs)[0],
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_module_impl_triton_refuses_what_it_cannot_do(kernels):
+    import mha
+
+    _, triton_layer = _impl_pair()
+    x = torch.randn(1, 9, 32)
+    with pytest.raises(ValueError, match="arbitrary mask"):
+        triton_layer(x, mask=torch.ones(9, 9, dtype=torch.bool), need_weights=False)
+    with pytest.raises(ValueError, match="need_weights must be False"):
+        triton_layer(x)  # the default need_weights=True asks for weights the kernel never forms
+    with pytest.raises(ValueError, match="dropout must be 0"):
+        mha.MultiHeadAttention(32, 4, impl="triton", dropout=0.1)

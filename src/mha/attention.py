@@ -31,7 +31,7 @@ from mha.kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention"]
 
-IMPLS = ("sdpa", "naive")
+IMPLS = ("sdpa", "naive", "triton")
 
 
 def _causal_mask(l_q: int, l_kv: int, device: torch.device) -> torch.Tensor:
@@ -56,7 +56,10 @@ class MultiHeadAttention(nn.Module):
         head_dim: size of one head. None means d_model // n_heads (then d_model must be divisible by n_heads).
         bias: whether q_proj, k_proj, v_proj and o_proj have biases.
         dropout: probability of dropping an attention weight, applied in training mode only; in [0, 1).
-        impl: "sdpa" (``F.scaled_dot_product_attention``) or "naive" (the explicit textbook computation).
+        impl: "sdpa" (``F.scaled_dot_product_attention``), "naive" (the explicit textbook computation) or
+            "triton" (the package's FlashAttention kernel, ``mha.kernels.flash_attention``; needs the optional
+            extra ``mha-derived[kernels]``; no ``mask``, no weights (pass ``need_weights=False``), no dropout;
+            book: part II, "From the recurrence to a kernel").
         scale: multiplier of q k^T. None means 1 / sqrt(head_dim); a float is used as given (1.0 disables
             scaling, for the book's scaling ablation, part III "The scaling ablation").
 
@@ -71,6 +74,9 @@ class MultiHeadAttention(nn.Module):
         check_choice("impl", impl, IMPLS)
         check_bool("bias", bias)
         dropout = check_float("dropout", dropout, minimum=0.0, maximum=1.0, max_inclusive=False)
+        if impl == "triton" and dropout != 0:
+            raise ValueError(f"impl='triton' has no attention dropout: dropout must be 0, got {dropout!r}; use "
+                             f"impl='sdpa' or impl='naive' for dropout")
         scale = attention_scale(scale, head_dim)  # the rule mha.reference applies
 
         self.d_model = d_model  # width of the residual stream
@@ -129,6 +135,9 @@ class MultiHeadAttention(nn.Module):
         v = self.v_proj(x_kv).view(n, l_new, g, hd).transpose(1, 2)  # (N, g, L_new, head_dim)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # each (N, g, L_kv, head_dim), L_kv = cached + L_q
+        if self.impl == "triton":
+            out = self._triton_attention(q, k, v, is_causal)  # (N, h, L_q, head_dim)
+            return self._merge_and_project(out, None, head_mask, unbatched)
 
         # Combine the user's mask and the causal mask into one boolean mask (or None), and note whether some
         # query row may have no allowed key (then its weights and output are set to zero, never NaN).
@@ -151,7 +160,14 @@ class MultiHeadAttention(nn.Module):
             weights = weights if need_weights else None
         else:
             out, weights = self._sdpa_attention(q, k, v, attn_mask, row_has_key, sdpa_causal), None
+        return self._merge_and_project(out, weights, head_mask, unbatched)
 
+    def _merge_and_project(self, out, weights, head_mask, unbatched):
+        """head_mask, the concatenation of the heads, o_proj; the batch axis dropped again for unbatched input.
+
+        Book: part I, "From one head to h heads" (Concat(head_1, ..., head_h) W^O).
+        """
+        n, h, l_q, hd = out.shape
         if head_mask is not None:
             out = out * head_mask.to(out.dtype).view(1, h, 1, 1)  # (N, h, L_q, head_dim)
         out = out.transpose(1, 2).reshape(n, l_q, h * hd)  # (N, L_q, h * head_dim)
@@ -160,6 +176,16 @@ class MultiHeadAttention(nn.Module):
             out = out.squeeze(0)  # (L_q, d_model)
             weights = None if weights is None else weights.squeeze(0)  # (h, L_q, L_kv)
         return out, weights
+
+    def _triton_attention(self, q, k, v, is_causal):
+        """softmax(q k^T * scale) v with the package's Triton FlashAttention kernel (GQA without copying K/V,
+        bottom-right causal, fully masked rows -> 0).
+
+        Book: part II, "From the recurrence to a kernel".
+        """
+        from mha.kernels import flash_attention  # lazy: Triton is an optional extra
+
+        return flash_attention(q, k, v, is_causal=is_causal, scale=self.scale)  # (N, h, L_q, head_dim)
 
     def _sdpa_attention(self, q, k, v, attn_mask, row_has_key, is_causal):
         """softmax(q k^T * scale) v with ``F.scaled_dot_product_attention``; GQA via ``enable_gqa`` (no K/V copy).
@@ -259,6 +285,13 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"head_mask must be a float or bool tensor, got dtype {head_mask.dtype}")
             if head_mask.device != x_q.device:
                 raise ValueError(f"device mismatch: head_mask is on {head_mask.device}, x_q is on {x_q.device}")
+        if self.impl == "triton":  # what the kernel cannot do, refused before anything (the cache) is touched
+            if mask is not None:
+                raise ValueError("impl='triton' supports is_causal=True but not an arbitrary mask; got a mask of shape "
+                                 f"{tuple(mask.shape)}: use impl='sdpa' or impl='naive'")
+            if need_weights:
+                raise ValueError("impl='triton' never forms the attention weights, so need_weights must be False; "
+                                 "use impl='sdpa' or impl='naive' to get them")
         return unbatched, l_q, l_kv
 
     def _check_width_and_length(self, name: str, x: torch.Tensor) -> None:
