@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from mha.experiments.stats import (bootstrap_mean_interval, outcome_of, outcomes, paired_difference, separated,
-                                   wilson_interval)
+from mha.experiments.stats import (bootstrap_mean_interval, outcome_of, outcome_table, outcomes, paired_difference,
+                                   paired_table, separated, wilson_interval)
 
 Z95 = 1.959963984540054
 
@@ -76,3 +76,21 @@ def test_outcomes_and_separation():
     assert table["chance"]["count"] == 2 and table["chance"]["fraction"] == 0.5
     assert (table["solved"]["low"], table["solved"]["high"]) == pytest.approx(wilson_interval(1, 4))
     assert separated((0.1, 0.2), (0.3, 0.4)) and not separated((0.1, 0.35), (0.3, 0.4))
+
+
+def test_tables_on_a_small_results_table():
+    import pandas as pd
+
+    ln2, ln4 = math.log(2), math.log(4)
+    table = pd.DataFrame({"n_heads": [1, 1, 1, 1, 4, 4, 4, 4], "seed": [0, 1, 2, 3] * 2,
+                          "val_loss": [ln4, ln4, ln2, ln4, 0.01, ln2, 0.02, 0.0]})
+    out = outcome_table(table)
+    assert out.loc[1, "runs"] == 4 and out.loc[1, "chance"] == 0.75 and out.loc[4, "solved"] == 0.75
+    assert (out.loc[4, "solved_low"], out.loc[4, "solved_high"]) == pytest.approx(wilson_interval(3, 4))
+    assert out.loc[1, "loss_mean"] == pytest.approx((3 * ln4 + ln2) / 4)
+    paired = paired_table(table, "n_heads", reference=1)
+    d = table.val_loss[4:].to_numpy() - table.val_loss[:4].to_numpy()
+    assert paired.loc[4, "pairs"] == 4 and paired.loc[4, "diff"] == pytest.approx(d.mean())
+    assert paired.loc[4, "p_value"] == pytest.approx(2 / 16)  # every difference negative: 2 of 2^4 patterns
+    with pytest.raises(ValueError, match="reference 2 is not a value"):
+        paired_table(table, "n_heads", reference=2)

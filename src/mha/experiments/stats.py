@@ -10,6 +10,7 @@ Book: part III, every chapter (an ordering or a difference is stated only where 
   interval excludes 0.
 * :func:`outcomes` — the three plateaus of the two-offset task (solved, half solved, chance) and their frequencies.
 * :func:`separated` — whether two intervals are disjoint (the only case where the book states an ordering).
+* :func:`outcome_table` and :func:`paired_table` — the same, for a results table grouped by one setting.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from mha._checks import check_float, check_int
 
 __all__ = ["wilson_interval", "bootstrap_mean_interval", "paired_difference", "separated", "outcomes",
-           "OUTCOMES", "outcome_of"]
+           "OUTCOMES", "outcome_of", "outcome_table", "paired_table"]
 
 OUTCOMES = ("solved", "partial", "chance")
 """The two-offset task's plateaus: loss 0 (both offsets read), ln 2 (one of the two), ln V (neither), V = vocabulary."""
@@ -118,3 +119,47 @@ def outcomes(losses, vocab_size: int, confidence: float = 0.95) -> dict:
         low, high = wilson_interval(k, n, confidence)
         result[name] = dict(count=k, fraction=k / n, low=low, high=high)
     return result
+
+
+# ---------------------------------------------------------------------------------------------- on results tables
+def outcome_table(table, by: str = "n_heads", loss: str = "val_loss", vocab_size: int = 4,
+                  confidence: float = 0.95):
+    """Per value of ``by`` in a results table (one row per run): the number of runs, the fraction of each outcome
+    with its Wilson interval, and the mean loss with its bootstrap interval. A pandas DataFrame indexed by ``by``,
+    with columns ``runs``, ``<outcome>`` / ``<outcome>_low`` / ``<outcome>_high`` for each of :data:`OUTCOMES`, and
+    ``loss_mean`` / ``loss_low`` / ``loss_high``."""
+    import pandas as pd
+
+    rows = {}
+    for level, group in table.groupby(by):
+        losses = group[loss].to_numpy(dtype=float)
+        row = {"runs": len(losses)}
+        for name, values in outcomes(losses, vocab_size, confidence).items():
+            row.update({name: values["fraction"], f"{name}_low": values["low"], f"{name}_high": values["high"]})
+        interval = bootstrap_mean_interval(losses, confidence) if len(losses) > 1 else dict(
+            mean=float(losses[0]), low=float("nan"), high=float("nan"))
+        row.update(loss_mean=interval["mean"], loss_low=interval["low"], loss_high=interval["high"])
+        rows[level] = row
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(by)
+
+
+def paired_table(table, by: str, reference, metric: str = "val_loss", pair_on: str = "seed",
+                 confidence: float = 0.95):
+    """Each value of ``by`` against ``reference`` (chosen before looking at the data), paired on ``pair_on``: the
+    mean of ``metric(level) - metric(reference)`` over the pairs, its bootstrap interval, the sign-flip p-value and
+    whether the difference is real (the interval excludes 0). A DataFrame indexed by the levels other than
+    ``reference``; only pairs present at both levels count (``pairs`` says how many)."""
+    import pandas as pd
+
+    wide = table.pivot(index=pair_on, columns=by, values=metric)
+    if reference not in wide.columns:
+        raise ValueError(f"reference {reference!r} is not a value of {by!r}; the values are {list(wide.columns)}")
+    rows = {}
+    for level in wide.columns:
+        if level == reference:
+            continue
+        both = wide[[level, reference]].dropna()
+        result = paired_difference(both[level], both[reference], confidence)
+        rows[level] = dict(pairs=result["n"], diff=result["mean"], low=result["low"], high=result["high"],
+                           p_value=result["p_value"], real=result["real"])
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(by)
