@@ -49,6 +49,28 @@ def test_book_builds_with_zero_warnings(build):
     assert (HTML / "index.html").exists()
 
 
+_OUTPUT = re.compile(r'<div class="output (?P<kind>[a-z_]+)[^"]*"[^>]*>(?P<body>.*?)</div>', re.S)
+_BARE_VALUE = re.compile(r"^\s*[-+]?[0-9][0-9.,eE+%-]*\s*$|^\s*'[^'\n]{0,40}'\s*$|^\s*(True|False|None)\s*$")
+
+
+def test_no_page_shows_warnings_or_stray_output(build):
+    """No executed cell shows a warning (stderr output, or any output mentioning a *Warning), and no cell shows a
+    bare value (a number, a short string, True/False/None) as its output: that is a stray ``glue`` without
+    ``display=False`` or a last expression left in a cell, not part of the lesson."""
+    problems = []
+    for page in _pages():
+        html = page.read_text(encoding="utf-8", errors="replace")
+        for match in _OUTPUT.finditer(html):
+            kind = match.group("kind")
+            text = re.sub(r"<[^>]+>", "", match.group("body"))
+            where = f"{page.relative_to(HTML)}: {kind} output {text.strip()[:80]!r}"
+            if kind == "stderr" or re.search(r"\w*Warning\b", text):
+                problems.append(where)
+            elif kind == "text_plain" and _BARE_VALUE.match(text):
+                problems.append(where)
+    assert not problems, "\n".join(problems)
+
+
 def _pages():
     skip = {"genindex.html", "search.html"}
     return sorted(p for p in HTML.rglob("*.html") if "_static" not in p.parts and p.name not in skip)
