@@ -115,3 +115,11 @@ def test_installed_version_finds_the_imported_copy(monkeypatch):
     monkeypatch.delitem(sys.modules, "numpy")
     assert _compat.installed_version("numpy") == np.__version__
     assert _compat.installed_version("no_such_package_mha") is None
+
+
+@pytest.mark.parametrize("module", ["__init__.py", "_compat.py"])
+def test_an_old_python_gets_the_message_not_a_syntax_error(module):
+    # `import mha` runs these two files before anything else: they must parse on old Pythons (3.7 grammar).
+    import ast
+
+    ast.parse((SRC / "mha" / module).read_text(), feature_version=(3, 7))

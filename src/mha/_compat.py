@@ -18,7 +18,7 @@ Set ``MHA_SKIP_VERSION_CHECK=1`` to import anyway (say, to try a build that is o
 
 Keep the floors in step with ``pyproject.toml``'s ``requires-python`` and ``dependencies``
 (``tests/test_environment.py`` checks that they agree). This module must stay importable by old Pythons (no
-syntax newer than 3.6), so that they get the message rather than a ``SyntaxError``.
+syntax newer than 3.7; tests/test_compat.py parses it so), so that they get the message rather than a ``SyntaxError``.
 """
 
 from __future__ import annotations
