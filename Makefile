@@ -1,6 +1,9 @@
 # Multi-Head Attention, Derived. The README's two commands:
-#   make book   creates .venv, installs everything (pinned), builds the HTML book into _build/html
+#   make book   creates .venv, installs everything (the exact versions of requirements/lock-py311.txt), builds the HTML
+#               book into _build/html
 #   make test   same environment; runs the whole test suite (unit tests, every notebook, the book build, a browser check)
+#   make lock   regenerates requirements/lock-py311.txt from pyproject.toml's ranges (keeping its pins where they
+#               still fit; `make lock LOCK_ARGS=--upgrade` or `LOCK_ARGS="--upgrade-package torch"` to move them)
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -14,8 +17,13 @@ endif
 export OPENBLAS_NUM_THREADS ?= 1
 PYTEST_ARGS ?=
 JOBS ?= 2
+# The exact versions the book is built and tested with: pyproject.toml's ranges resolved by uv for CPython 3.11 on
+# x86_64 Linux. The install uses it as pip constraints (-c), so a CUDA or CPU build of the locked torch both fit.
+LOCK := requirements/lock-py311.txt
+UV_VERSION := 0.13.9
+LOCK_ARGS ?=
 
-.PHONY: install book book-all test test-fast bench smoke clean help
+.PHONY: install book book-all test test-fast bench smoke lock clean help
 
 help:
 	@echo "make book      build the HTML book into _build/html (creates .venv and installs everything first)"
@@ -24,12 +32,13 @@ help:
 	@echo "make smoke     run the smoke sweep (experiments/smoke.yaml)"
 	@echo "make bench     run the benchmarks and write experiments/benchmarks/<device>.json"
 	@echo "make book-all  rebuild every page (after a _config.yml change)"
+	@echo "make lock      regenerate $(LOCK) (pinned versions) from pyproject.toml's ranges with uv"
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev]" -c $(LOCK)
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -56,6 +65,13 @@ smoke: install
 
 bench: install
 	$(BIN)/python -m mha.bench
+
+# uv (pinned) in its own small venv. It keeps the lock's current pins where they still fit the ranges.
+UV_COMPILE = uv pip compile pyproject.toml --extra dev --python-version 3.11.7 --python-platform x86_64-manylinux_2_28 \
+    --index-url https://pypi.org/simple -o $(LOCK)
+lock:
+	test -x .venv-lock/bin/uv || { $(PYTHON) -m venv .venv-lock && .venv-lock/bin/python -m pip install uv==$(UV_VERSION); }
+	.venv-lock/bin/$(UV_COMPILE) --quiet --custom-compile-command "make lock  # $(UV_COMPILE) (uv $(UV_VERSION))" $(LOCK_ARGS)
 
 clean:
 	rm -rf _build

@@ -30,7 +30,13 @@ import importlib.util
 import sys
 from importlib import import_module
 
+from mha._compat import check_versions as _check_versions
+
 __version__ = "0.1.0"
+
+# Python, NumPy and PyTorch older than supported: a clear ImportError now (what is needed, how to fix it), not an
+# obscure failure later. Cheap: reads version metadata, imports neither torch nor numpy (see mha/_compat.py).
+_check_versions()
 
 _LAZY = {
     "MultiHeadAttention": "mha.attention",
