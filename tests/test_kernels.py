@@ -39,7 +39,12 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed (pip install "mha-derived[kernels]")')
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (float16/bfloat16 and large shapes)")
+_skip_without_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (float16/bfloat16 and large shapes)")
+
+
+def needs_cuda(test):
+    """Marked ``cuda`` (``pytest -m cuda``: the GPU check runs these) and skipped without a CUDA device."""
+    return pytest.mark.cuda(_skip_without_cuda(test))
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 TOL = {"rtol": 2e-5, "atol": 2e-5}  # float32 kernel vs float64 reference; errors seen are ~1e-6
 

@@ -12,7 +12,12 @@ from mha import KVCache, MultiHeadAttention, reference
 
 F64 = torch.float64
 IMPLS = ["sdpa", "naive"]
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+_skip_without_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+
+
+def needs_cuda(test):
+    """Marked ``cuda`` (``pytest -m cuda``: the GPU check runs these) and skipped without a CUDA device."""
+    return pytest.mark.cuda(_skip_without_cuda(test))
 
 
 def make(d_model=16, n_heads=4, n_kv_heads=None, impl="sdpa", dtype=F64, device="cpu", seed=0, **kwargs):

@@ -24,6 +24,10 @@ Sections (``--sections``, all by default):
   key/value heads *copied* to every query head of their group, so both compute the same function.
 * ``train``: training-step throughput (tokens/s) of ``mha.model.TinyTransformer`` against the same model built from
   ``torch.nn.TransformerEncoderLayer`` (same weights, causal mask). Target: throughput ratio ours / torch >= 1.0.
+* ``kernels`` (CUDA only): the package's Triton FlashAttention kernel against SDPA's flash backend and the naive
+  path, bfloat16, forward and forward+backward, TFLOP/s and the fraction of a bf16 matmul's rate
+  (:mod:`mha.kernels.benchmark`). Target on one H100: at least 0.8x the flash backend's forward and 0.7x its
+  forward+backward at L >= 4096.
 * ``gflops``: achieved GFLOP/s of the attention forward (FLOPs from ``mha.counting.flops``) as a fraction of an
   n x n matrix multiply's GFLOP/s, the two timed alternately in the same run.
 
@@ -66,7 +70,7 @@ from mha.experiments.machine import cpu_model, device_name, resolve_device
 __all__ = ["BenchConfig", "QUICK", "ScriptedClock", "compare", "peak_memory_bytes", "sdpa_backend_used", "sdpa_backends_runnable",
            "TorchTransformer", "device_info", "run", "main", "SECTIONS"]
 
-SECTIONS = ("attention", "naive", "decode", "train", "gflops")
+SECTIONS = ("attention", "naive", "decode", "train", "gflops", "kernels")
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -631,8 +635,25 @@ def section_gflops(cfg: BenchConfig, device: torch.device, progress: bool = True
                 a="attention forward", b=f"{n} x {n} matmul", matmul_size=n, target=None, points=points)
 
 
+def section_kernels(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """The package's Triton FlashAttention kernel against SDPA's flash backend and the naive path (bfloat16,
+    forward and forward+backward, L from 512 to 16k, head_dim 64 and 128, causal and not; TFLOP/s and the fraction
+    of a bf16 matmul measured in the same run): :func:`mha.kernels.benchmark.run_benchmark`. CUDA only; on a CPU,
+    or without Triton, the section says why it did not run. Book: part II, "From the recurrence to a kernel"."""
+    if device.type != "cuda":
+        return dict(skipped="needs a CUDA GPU: on a CPU Triton only interprets the kernel, and its times mean "
+                            "nothing (the kernel's correctness is tested there, tests/test_kernels.py)")
+    try:
+        from mha.kernels import benchmark as kernel_benchmark
+    except ImportError as error:
+        return dict(skipped=f"Triton is not installed ({error}); pip install \"mha-derived[kernels]\"")
+    config = kernel_benchmark.BenchConfig(repeats=cfg.repeats, warmup=cfg.warmup) if cfg != QUICK else \
+        kernel_benchmark.BenchConfig(seq_lens=(512, 1024), head_dims=(64,), repeats=2, warmup=1)
+    return kernel_benchmark.run_benchmark(device, config, progress=progress)
+
+
 SECTION_FUNCTIONS = dict(attention=section_attention, naive=section_naive, decode=section_decode,
-                         train=section_train, gflops=section_gflops)
+                         train=section_train, gflops=section_gflops, kernels=section_kernels)
 
 
 # ------------------------------------------------------------------------------------------------ metadata, CLI
