@@ -108,3 +108,18 @@ def test_prepare_matches_the_task_split():
     assert chars == task.chars
     np.testing.assert_array_equal(train.astype(np.int64), task.data["train"].numpy())
     np.testing.assert_array_equal(val.astype(np.int64), task.data["val"].numpy())
+
+
+def test_gpu_recipe_path_runs_on_a_tiny_model():
+    """The GPU recipe's code path (dropout, bfloat16 autocast, batches moved to the device) on a CPU-sized model;
+    the recipe itself is nanoGPT's config/train_shakespeare_char.py."""
+    config, settings = ref.RECIPES["gpu"]
+    assert (config.n_layer, config.n_head, config.n_embd, config.block_size, config.dropout) == (6, 6, 384, 256, 0.2)
+    assert (settings.batch_size, settings.max_iters, settings.eval_iters, settings.dtype) == (64, 5000, 200,
+                                                                                           "bfloat16")
+    text = "".join(chr(97 + (i * 7) % 13) for i in range(5000))
+    tiny = ref.GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.1)
+    run = ref.train_one(0, text, tiny, ref.TrainSettings(batch_size=4, max_iters=6, warmup_iters=2, lr_decay_iters=6,
+                                                         eval_interval=3, eval_iters=2, final_eval_iters=2,
+                                                         device="cpu", dtype="bfloat16"), progress=False)
+    assert [h["step"] for h in run["history"]] == [0, 3, 6] and np.isfinite(run["val_loss_final"])

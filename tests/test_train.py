@@ -219,3 +219,21 @@ def test_device_name_on_cpu_is_the_cpu_model_of_proc_cpuinfo():
     if cpuinfo.exists() and "model name" in cpuinfo.read_text():
         assert any(line.startswith("model name") and line.split(":", 1)[1].strip() == name
                    for line in cpuinfo.read_text().splitlines())
+
+
+def test_bfloat16_precision_runs_the_forward_in_bfloat16():
+    """precision="bfloat16": the forward passes run under autocast (a Linear's output is bfloat16), the weights stay
+    float32, and training still learns; float32 (the default) is untouched."""
+    seen = []
+    task, model_config, plain = small_run(steps=10, warmup_steps=1)
+
+    class Spy(Hook):
+        def on_start(self, model, eval_set, device):
+            model.blocks[0].attn.q_proj.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+
+    _, _, half = small_run(steps=10, warmup_steps=1, precision="bfloat16", hooks=[Spy()])
+    assert set(seen) == {torch.bfloat16} and half.model.lm_head.weight.dtype == torch.float32
+    assert math.isfinite(half["val_loss"]) and half["val_loss"] != plain["val_loss"]
+    assert abs(half["val_loss"] - plain["val_loss"]) < 0.1
+    with pytest.raises(ValueError, match="precision must be one of 'float32', 'bfloat16'"):
+        TrainConfig(precision="float16")

@@ -9,12 +9,15 @@ and ``train.py`` do for the README's CPU command
         --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000
         --dropout=0.0
 
-including the order in which they draw random numbers: one global torch generator seeded with ``seed`` (nanoGPT:
+(``--recipe gpu``: config/train_shakespeare_char.py as train.py runs it on a GPU: 6 layers, 6 heads, width 384,
+context 256, batch 64, dropout 0.2, 5000 iterations, 200 evaluation batches, bfloat16 autocast; ``--compile`` as
+train.py's default), including the order in which they draw random numbers: one global torch generator seeded with ``seed`` (nanoGPT:
 1337), used in turn by module construction, the weight initialisation, every training batch and every evaluation
 batch (20 fresh random batches per split at each evaluation, every 250 iterations). It imports nothing from the
 ``mha`` package but the checksum-verified text (``mha.tasks.load_tinyshakespeare``) and the CPU's name.
 
-    python experiments/nanogpt_reference.py --seeds 1337 0 1 2 3 4 5 6 7 8 9
+    python experiments/shakespeare/nanogpt_reference.py --seeds 1337 0 1 2 3 4 5 6 7 8 9
+    python experiments/shakespeare/nanogpt_reference.py --recipe gpu --seeds 1337     (on a CUDA GPU)
 
 writes ``experiments/shakespeare/nanogpt-reference/results.json``: per seed, the log nanoGPT prints (train and val loss
 estimates at every evaluation), the loss on 200 batches of each split at the end, the wall time and the machine's
@@ -27,13 +30,14 @@ computes the same function as this model (same weights in, same logits, loss and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +55,7 @@ class GPTConfig:
     n_head: int = 4  # attention heads
     n_embd: int = 128  # model width
     bias: bool = False  # biases in Linear layers and LayerNorms (nanoGPT's train.py default: False)
+    dropout: float = 0.0  # on the embeddings, the attention weights and both residual branches (GPU recipe: 0.2)
 
 
 @dataclass
@@ -68,6 +73,20 @@ class TrainSettings:
     eval_interval: int = 250  # evaluate every eval_interval iterations
     eval_iters: int = 20  # random batches per split per evaluation (the README's --eval_iters=20)
     final_eval_iters: int = 200  # random batches per split for the precise estimate after training
+    device: str = "cpu"  # "cpu" (the README's CPU command) or "cuda" (config/train_shakespeare_char.py)
+    dtype: str = "float32"  # "bfloat16": forward passes under torch.autocast, as train.py on a GPU
+    compile: bool = False  # torch.compile the model (train.py's default on a GPU; --compile)
+
+
+RECIPES = {
+    # the README's CPU command: --device=cpu --compile=False --eval_iters=20 --block_size=64 --batch_size=12
+    # --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+    "cpu": (GPTConfig(), TrainSettings()),
+    # config/train_shakespeare_char.py as train.py runs it on a GPU (bfloat16 where supported)
+    "gpu": (GPTConfig(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
+            TrainSettings(batch_size=64, max_iters=5000, lr_decay_iters=5000, eval_iters=200, device="cuda",
+                          dtype="bfloat16")),
+}
 
 
 class LayerNorm(nn.Module):
@@ -90,7 +109,8 @@ class CausalSelfAttention(nn.Module):
         assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.n_head, self.n_embd = config.n_head, config.n_embd
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
 
     def forward(self, x):
         batch, length, width = x.shape
@@ -98,9 +118,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(batch, length, width)  # (B, T, C)
-        return self.c_proj(y)
+        return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
@@ -109,9 +130,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -136,6 +158,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, config.bias)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -154,7 +177,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         positions = torch.arange(idx.shape[1], device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))  # (B, T, C)
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
@@ -178,12 +201,19 @@ def prepare(text: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     return chars, data[:n_train], data[n_train:]
 
 
-def get_batch(data: np.ndarray, block_size: int, batch_size: int):
-    """train.py's get_batch: random crops from the global torch generator."""
+def get_batch(data: np.ndarray, block_size: int, batch_size: int, device: str = "cpu"):
+    """train.py's get_batch: random crops from the global torch generator (on the CPU), moved to ``device``."""
     starts = torch.randint(len(data) - block_size, (batch_size,))
     x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in starts])
     y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in starts])
-    return x, y
+    return x.to(device), y.to(device)
+
+
+def autocast(settings: TrainSettings):
+    """train.py's ``ctx``: nothing in float32, torch.autocast in bfloat16."""
+    if settings.dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(settings.device).type, dtype=getattr(torch, settings.dtype))
 
 
 def get_lr(it: int, s: TrainSettings) -> float:
@@ -204,12 +234,19 @@ def configure_optimizer(model: GPT, s: TrainSettings) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, splits: dict, block_size: int, batch_size: int, iters: int) -> dict:
+def estimate_loss(model: GPT, splits: dict, block_size: int, batch_size: int, iters: int,
+                  settings: TrainSettings | None = None) -> dict:
     """train.py's estimate_loss: the mean loss over ``iters`` fresh random batches of each split, in eval mode."""
+    settings = settings or TrainSettings()
     model.eval()
     out = {}
     for name, data in splits.items():
-        out[name] = float(np.mean([model(*get_batch(data, block_size, batch_size))[1].item() for _ in range(iters)]))
+        losses = []
+        for _ in range(iters):
+            x, y = get_batch(data, block_size, batch_size, settings.device)
+            with autocast(settings):
+                losses.append(model(x, y)[1].item())
+        out[name] = float(np.mean(losses))
     model.train()
     return out
 
@@ -223,29 +260,35 @@ def train_one(seed: int, text: str, config: GPTConfig | None = None, settings: T
     splits = {"train": train_data, "val": val_data}
     torch.manual_seed(seed)
     start = time.perf_counter()
-    model = GPT(config)
+    model = GPT(config).to(settings.device)
     optimizer = configure_optimizer(model, settings)
+    step_model = torch.compile(model) if settings.compile else model
     history = []
-    x, y = get_batch(train_data, config.block_size, settings.batch_size)
+    x, y = get_batch(train_data, config.block_size, settings.batch_size, settings.device)
     bar = tqdm(range(settings.max_iters + 1), desc=f"seed {seed}", disable=not progress, leave=False)
     for it in bar:
         lr = get_lr(it, settings)
         for group in optimizer.param_groups:
             group["lr"] = lr
         if it % settings.eval_interval == 0:
-            losses = estimate_loss(model, splits, config.block_size, settings.batch_size, settings.eval_iters)
+            losses = estimate_loss(step_model, splits, config.block_size, settings.batch_size, settings.eval_iters,
+                                   settings)
             history.append(dict(step=it, train_loss=losses["train"], val_loss=losses["val"]))
             bar.set_postfix(val_loss=f"{losses['val']:.4f}")
         if it == settings.max_iters:
             break  # train.py takes one more step after this evaluation; it changes no reported number
-        _, loss = model(x, y)
-        x, y = get_batch(train_data, config.block_size, settings.batch_size)  # train.py fetches the next batch here
+        with autocast(settings):
+            _, loss = step_model(x, y)
+        x, y = get_batch(train_data, config.block_size, settings.batch_size, settings.device)  # the next batch, now
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    if settings.device.startswith("cuda"):
+        torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
-    final = estimate_loss(model, splits, config.block_size, settings.batch_size, settings.final_eval_iters)
+    final = estimate_loss(step_model, splits, config.block_size, settings.batch_size, settings.final_eval_iters,
+                          settings)
     return dict(seed=seed, val_loss=history[-1]["val_loss"], train_loss=history[-1]["train_loss"],
                 val_loss_final=final["val"], train_loss_final=final["train"], wall_s=wall_s, history=history,
                 params=sum(p.numel() for p in model.parameters()))
@@ -253,21 +296,34 @@ def train_one(seed: int, text: str, config: GPTConfig | None = None, settings: T
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="cpu",
+                        help="cpu: the README's CPU command (default); gpu: config/train_shakespeare_char.py on CUDA")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.py's GPU default)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337], help="torch.manual_seed values (nanoGPT: 1337)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--data-dir", default=None, help="directory holding tinyshakespeare/input.txt "
                                                          "(default: MHA_DATA_DIR, else the download cache)")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "nanogpt-reference"
-                                             / "results.json"), help="JSON file to write")
+    parser.add_argument("--out", default=None, help="JSON file to write (default nanogpt-reference/results.json for "
+                                                    "the CPU recipe, results-gpu.json for the GPU recipe)")
     args = parser.parse_args(argv)
+    config, settings = RECIPES[args.recipe]
+    if args.compile:
+        settings = replace(settings, compile=True)
+    default_name = "results.json" if args.recipe == "cpu" else "results-gpu.json"
+    args.out = args.out or str(Path(__file__).resolve().parent / "nanogpt-reference" / default_name)
     from mha.experiments.data import load_tinyshakespeare  # the checksum-verified text (downloaded once, or MHA_DATA_DIR)
     from mha.experiments.machine import cpu_model
 
     torch.set_num_threads(args.threads)
     text = load_tinyshakespeare(args.data_dir)
     out = Path(args.out)
-    header = dict(description=__doc__.split("\n\n")[0], config=asdict(GPTConfig()), settings=asdict(TrainSettings()),
+    header = dict(description=__doc__.split("\n\n")[0], config=asdict(config), settings=asdict(settings),
                   threads=args.threads)
+    if args.recipe == "cpu":  # the committed CPU results were written before these fields existed
+        for key in ("dropout",):
+            header["config"].pop(key)
+        for key in ("device", "dtype", "compile"):
+            header["settings"].pop(key)
     kept = []  # runs of other seeds already in the file (same recipe): a seed given here replaces its old run
     if out.exists():
         previous = json.loads(out.read_text())
@@ -276,8 +332,8 @@ def main(argv=None) -> Path:
         kept = [run for run in previous["runs"] if run["seed"] not in args.seeds]
     runs = []
     for seed in tqdm(args.seeds, desc="seeds"):
-        run = train_one(seed, text)
-        run.update(device_name=cpu_model(), torch_version=torch.__version__, python_version=platform.python_version(),
+        run = train_one(seed, text, replace(config, vocab_size=len(set(text))), settings)
+        run.update(device_name=torch.cuda.get_device_name(0) if settings.device.startswith("cuda") else cpu_model(), torch_version=torch.__version__, python_version=platform.python_version(),
                    cpu_count=os.cpu_count(), load_average_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
         runs.append(run)
         print(f"seed {seed}: step {run['history'][-1]['step']}: train loss {run['train_loss']:.4f}, "

@@ -60,6 +60,7 @@ class RunConfig:
     eval_batches: int = 4  # held-out batches per evaluation
     seed: int = 0  # seeds the task's batches and the model's initialisation
     device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
+    precision: str = "float32"  # "float32", or "bfloat16" (forward passes under torch.autocast, for GPUs)
     # Running
     threads: int = 1  # torch CPU threads (a parallel sweep runs one run per core)
     progress: bool = False  # tqdm progress bar during training
@@ -112,7 +113,7 @@ class RunConfig:
             steps=self.steps, batch_size=self.batch_size, lr=self.lr, min_lr=self.min_lr,
             warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, beta1=self.beta1, beta2=self.beta2,
             grad_clip=self.grad_clip, eval_interval=self.eval_interval, eval_batches=self.eval_batches,
-            seed=self.seed, device=self.device)
+            seed=self.seed, device=self.device, precision=self.precision)
 
     def to_dict(self) -> dict:
         """Every field and its value (what a results row records as the run's parameters)."""

@@ -16,6 +16,7 @@ that is no longer finite). A run with no hooks computes exactly what it computed
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -24,14 +25,25 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
-from mha._checks import check_float, check_int, check_type
+from mha._checks import check_choice, check_float, check_int, check_type
 from mha.experiments.io import save_json
 from mha.experiments.machine import device_name, resolve_device, seed_everything, synchronize
 from mha.experiments.model import TinyTransformer, TransformerConfig
 from mha.experiments.tasks import Task, accuracy
 
 __all__ = ["TrainConfig", "TrainResult", "Hook", "train", "get_lr", "configure_optimizer", "evaluate",
-           "measure_decode_time"]
+           "measure_decode_time", "autocast", "PRECISIONS"]
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+def autocast(device: torch.device, precision: str):
+    """The context the forward passes run in: nothing for "float32", ``torch.autocast(bfloat16)`` for
+    "bfloat16" (matrix products in bfloat16, reductions and the weights in float32, as nanoGPT on a GPU)."""
+    check_choice("precision", precision, PRECISIONS)
+    if precision == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 @dataclass
@@ -49,6 +61,7 @@ class TrainConfig:
     eval_batches: int = 8  # held-out batches per evaluation (the same batches every time)
     seed: int = 0  # seeds torch, numpy and random (model init; the task has its own seed)
     device: str = "auto"  # "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:1", ...
+    precision: str = "float32"  # "float32", or "bfloat16": forward passes under torch.autocast (nanoGPT's GPU recipe)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_interval", "eval_batches"):
@@ -65,6 +78,7 @@ class TrainConfig:
         if self.min_lr > self.lr:
             raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
         check_type("TrainConfig.device", self.device, str, "a device string such as 'auto', 'cpu' or 'cuda:0'")
+        check_choice("TrainConfig.precision", self.precision, PRECISIONS)
 
 
 class TrainResult(dict):
@@ -181,7 +195,8 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
     history = []
 
     def evaluation(step, lr, train_loss):
-        val_loss, val_acc = evaluate(model, eval_set, task.has_accuracy)
+        with autocast(device, cfg.precision):
+            val_loss, val_acc = evaluate(model, eval_set, task.has_accuracy)
         record = dict(step=step, lr=lr, train_loss=train_loss, val_loss=val_loss, val_acc=val_acc)
         for hook in hooks:
             hook.on_eval(record)
@@ -200,7 +215,8 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = task.get_batch("train", cfg.batch_size, device)
-        _, loss, _ = model(x, y)
+        with autocast(device, cfg.precision):
+            _, loss, _ = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         # The norm before clipping; with grad_clip = 0 the gradients are multiplied by exactly 1 (nothing changes).
