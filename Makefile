@@ -31,6 +31,7 @@ help:
 	@echo "make test-fast unit tests only"
 	@echo "make smoke     run the smoke sweep (experiments/smoke.yaml)"
 	@echo "make bench     run the benchmarks and write experiments/benchmarks/<device>.json"
+	@echo "make gpu-check on a CUDA machine: CUDA tests, benchmark, smoke sweep, report (python -m mha.experiments.gpu_check)"
 	@echo "make book-all  rebuild every page (after a _config.yml change)"
 	@echo "make lock      regenerate $(LOCK) (pinned versions) from pyproject.toml's ranges with uv"
 
@@ -65,6 +66,11 @@ smoke: install
 
 bench: install
 	$(BIN)/python -m mha.bench
+
+# On a GPU machine whose environment already has a CUDA torch, without make: pip install -e ".[test]" and
+# python -m mha.experiments.gpu_check (the same thing).
+gpu-check: install
+	$(BIN)/python -m mha.experiments.gpu_check
 
 # uv (pinned) in its own small venv. It keeps the lock's current pins where they still fit the ranges.
 UV_COMPILE = uv pip compile pyproject.toml --extra dev --python-version 3.11.7 --python-platform x86_64-manylinux_2_28 \
