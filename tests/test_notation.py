@@ -25,6 +25,9 @@ notes' own symbols and are not checked: blockquotes (lines starting with >, as i
 「…」 spans, *"…"* italic quotes and "…" quotes that contain Chinese. (An English translation outside these keeps
 to the book's notation, or goes in *"…"*.)
 
+The one place allowed to name the retired symbols is the notation page's own list of them, between the MyST
+comments `% retired-symbols: begin` and `% retired-symbols: end`.
+
 A title or heading naming an n × n (or T × T) matrix, in math or plain text, fails too (test_no_heading_names...).
 
 Code is not prose: code cells, fenced blocks, inline code spans (and with them every role's target, e.g.
@@ -166,6 +169,7 @@ def _blank(match: re.Match) -> str:
 def prose(text: str) -> str:
     """The text with everything that is not prose or math blanked out."""
     text = re.sub(r"\A---\n.*?\n---\n", _blank, text, flags=re.S)  # front matter
+    text = re.sub(r"^% retired-symbols: begin$.*?^% retired-symbols: end$", _blank, text, flags=re.S | re.M)
     text = re.sub(r"^(`{3,}|~{3,})[^\n]*\n.*?^\1[ \t]*$", _blank, text, flags=re.S | re.M)  # code cells, fences
     text = re.sub(r"<!--.*?-->", _blank, text, flags=re.S)  # HTML comments
     text = re.sub(r"`(?:[^`\n]|\n(?![ \t]*\n))*`", _blank, text)  # code spans (may wrap a line), role targets
@@ -228,6 +232,7 @@ def test_quotations_and_code_are_not_prose():
             "```{code-cell} ipython3\nn_q = 3  # n x n\n```\n:label: d_h\n(n-tokens)=\n% n \\times n\n")
     assert retired_hits(text) == []
     assert retired_hits("x\n\nthe $n \\times n$ matrix") == [(3, "square-n-by-n", "n \\times n")]
+    assert retired_hits("% retired-symbols: begin\n$d_h$\n% retired-symbols: end\n") == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
