@@ -147,7 +147,7 @@ def attention_matrix_bytes(batch, seq_len_q, seq_len_kv, n_heads, dtype_bytes):
     One tensor of shape (N, h, L_q, L_kv); the naive form holds scores and weights (x2 at peak, not included).
     GQA does not shrink it: every query head has its own weights.
 
-    Book: part II, 'Counting everything' and 'Exact attention without the n x n matrix (online softmax)'.
+    Book: part II, 'Counting everything' and 'Exact attention without the L × L matrix (online softmax)'.
     """
     names = ("batch", "seq_len_q", "seq_len_kv", "n_heads", "dtype_bytes")
     values = (batch, seq_len_q, seq_len_kv, n_heads, dtype_bytes)

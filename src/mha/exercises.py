@@ -104,7 +104,7 @@ MHA_CH = "part I 'From one head to h heads'"
 BWD_CH = "part II 'The backward pass'"
 KV_CH = "part II 'Autoregressive decoding and the KV cache'"
 GQA_CH = "part II 'MQA and GQA'"
-ONLINE_CH = "part II 'Exact attention without the n × n matrix'"
+ONLINE_CH = "part II 'Exact attention without the L × L matrix'"
 
 EQ_SOFTMAX = Equation("sdpa-softmax", SDPA_CH)
 EQ_SAFE_SOFTMAX = Equation("online-safe", ONLINE_CH)
@@ -885,7 +885,7 @@ def check_softmax(fn, *, backend: str = "auto") -> None:
 
     Cases: a vector, a square matrix, the middle axis of a 3-D array, axis 0, logits near +1000, rows near 0 and near
     -1000 together, a batch of one, a non-contiguous input. Book: part I, 'Scaled dot-product attention'
-    (Eq. sdpa-softmax and Lemma sdpa-lem-shift); the safe softmax: part II, 'Exact attention without the n × n
+    (Eq. sdpa-softmax and Lemma sdpa-lem-shift); the safe softmax: part II, 'Exact attention without the L × L
     matrix' (Eq. online-safe).
     """
     rng = np.random.default_rng(101)
@@ -1548,7 +1548,7 @@ def check_online_softmax_attention(fn, *, backend: str = "auto") -> None:
     causal mask, queries whose first key block is fully masked and a query with no allowed key, large logits, a batch
     of one, non-contiguous inputs.
 
-    Book: part II, 'Exact attention without the n × n matrix' (Eqs. online-rec-m, online-rec-l, online-rec-acc,
+    Book: part II, 'Exact attention without the L × L matrix' (Eqs. online-rec-m, online-rec-l, online-rec-acc,
     online-final, online-matrix).
     """
     rng = np.random.default_rng(808)

@@ -16,7 +16,7 @@ Every function is short and carries the equation it computes. Conventions (share
   runs before any computation. All arithmetic is float64 (inputs are converted).
 
 Book: part I, 'Scaled dot-product attention' and 'From one head to h heads'; part II, 'The backward pass',
-'MQA and GQA' and 'Exact attention without the n x n matrix (online softmax)'.
+'MQA and GQA' and 'Exact attention without the L × L matrix (online softmax)'.
 """
 
 from __future__ import annotations
@@ -604,7 +604,7 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_caus
     ``l = 0``, ``lse = -inf``, output 0 (the empty-state conventions; no NaN, no warning).
     ``keep_history=True`` requires ``return_state=True``; the three flags must be True or False (TypeError).
 
-    Book: part II, 'Exact attention without the n x n matrix (online softmax)'.
+    Book: part II, 'Exact attention without the L × L matrix (online softmax)'.
     """
     q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
     block_size = check_int("block_size", block_size)

@@ -1,7 +1,7 @@
 """FlashAttention in Triton: the online-softmax recurrence of part II run over tiles, forward and backward.
 
 Book: part II, "From the recurrence to a kernel" (``book/part2/flash_kernel.md``), which derives every kernel
-below from the chapter "Exact attention without the n x n matrix (online softmax)".
+below from the chapter "Exact attention without the L × L matrix (online softmax)".
 
 Shapes: q (N, h, L_q, d), k and v (N, g, L_kv, d), g dividing h; query head j reads key/value head j // (h/g) by
 pointer arithmetic (nothing is repeated in memory). The output is (N, h, L_q, d).
@@ -144,7 +144,7 @@ def _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
     """One step of the online softmax: fold the key tile starting at ``start_n`` into (acc, m, l).
 
     Scores are in base 2 (``scale_log2 = scale * log2 e``), so ``exp2(s - m)`` is the book's ``e^{s - m}``.
-    Book: part II, "Exact attention without the n x n matrix", eq. (online-matrix).
+    Book: part II, "Exact attention without the L × L matrix", eq. (online-matrix).
     """
     cols = start_n + tl.arange(0, BLOCK_N)  # key positions of this tile
     k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
@@ -233,7 +233,7 @@ def _backward_preprocess_kernel(Out, dOut, Delta,
     """D_i = rowsum(dO_i * O_i) = sum_j A_ij dA_ij, float32, one program per query tile of one (batch, head).
 
     Book: part II, "From the recurrence to a kernel" (the backward); the identity: "Exact attention without the
-    n x n matrix", section on the backward pass.
+    L × L matrix", section on the backward pass.
     """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -253,7 +253,7 @@ def _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, sc
                        IS_CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr):
     """P = exp(S - L) for one (query tile, key tile), from Q, K and the stored log-sum-exp; no max, no sum.
 
-    Book: part II, "Exact attention without the n x n matrix", eq. (online-recompute).
+    Book: part II, "Exact attention without the L × L matrix", eq. (online-recompute).
     """
     s = _dot(q, tl.trans(k), IEEE) * scale_log2  # (BLOCK_M, BLOCK_N) base-2 scores
     if MASK:
