@@ -65,14 +65,39 @@ class SweepResults:
     def csv_path(self) -> Path:
         return self.folder / "results.csv"
 
-    def table(self, ok_only: bool = True):
-        """results.csv as a pandas DataFrame (only the runs that finished, by default)."""
+    @property
+    def run_ids(self) -> list[str]:
+        """The run_ids the sweep file defines, in the grid's order."""
+        from mha.experiments.sweep import load_sweep
+
+        return [run.run_id for run in load_sweep(self.sweep_file).runs()]
+
+    def table(self, ok_only: bool = True, complete: bool = True):
+        """results.csv as a pandas DataFrame: only the runs that finished (``ok_only``), only the runs the sweep file
+        defines now, in its order. With ``complete`` (the default) every one of them must be there and finished,
+        else FileNotFoundError saying how many are missing and the command that makes them; setting the
+        environment variable ``MHA_ALLOW_PARTIAL=1`` relaxes this while a sweep is still running."""
         import pandas as pd
 
         table = pd.read_csv(self.csv_path)
+        expected = self.run_ids
+        table = table[table["run_id"].isin(expected)]
         if ok_only:
-            table = table[table["status"] == "ok"].reset_index(drop=True)
-        return table
+            table = table[table["status"] == "ok"]
+        missing = len(set(expected) - set(table["run_id"]))
+        if complete and missing and os.environ.get("MHA_ALLOW_PARTIAL") != "1":
+            raise FileNotFoundError(f"sweep {self.name!r}: {missing} of {len(expected)} runs are missing or failed in "
+                                    f"{self.csv_path}; run {self.command}")
+        order = {rid: i for i, rid in enumerate(expected)}
+        return table.sort_values("run_id", key=lambda ids: ids.map(order)).reset_index(drop=True)
+
+    def machine(self) -> dict:
+        """What ran the sweep, from its rows: each distinct value of device_name, cpu_id, cpu_capability, threads,
+        num_threads and torch_version (a list, usually of one)."""
+        table = self.table(complete=False)
+        return {column: sorted({str(v) for v in table[column].dropna()}) for column in
+                ("device_name", "cpu_id", "cpu_capability", "threads", "num_threads", "torch_version")
+                if column in table}
 
     def artifact(self, run_id: str, filename: str):
         """A run's file from ``artifacts/<run_id>/``: JSON as Python objects, ``.npz`` as a dict of arrays."""
@@ -88,7 +113,7 @@ class SweepResults:
 
     def artifacts(self, filename: str, run_ids=None) -> dict:
         """``{run_id: artifact(run_id, filename)}`` for the given runs (default: every finished run)."""
-        run_ids = list(self.table().run_id) if run_ids is None else list(run_ids)
+        run_ids = list(self.table(complete=False).run_id) if run_ids is None else list(run_ids)
         return {run_id: self.artifact(run_id, filename) for run_id in run_ids}
 
 
