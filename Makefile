@@ -67,7 +67,7 @@ smoke: install
 bench: install
 	$(BIN)/python -m mha.bench
 
-# On a GPU machine whose environment already has a CUDA torch, without make: pip install -e ".[test]" and
+# On a GPU machine whose environment already has a CUDA torch, without make: install the package (test extra) and run
 # python -m mha.experiments.gpu_check (the same thing).
 gpu-check: install
 	$(BIN)/python -m mha.experiments.gpu_check
