@@ -10,9 +10,8 @@ turns pooch's failures into errors that say what to do.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
-
-import pooch
 
 __all__ = ["TINYSHAKESPEARE_URL", "TINYSHAKESPEARE_SHA256", "dataset_dir", "tinyshakespeare_path",
            "load_tinyshakespeare"]
@@ -24,6 +23,16 @@ DOWNLOADER = None
 """pooch downloader used for the download (None: pooch's HTTP downloader); tests replace it."""
 
 
+def _pooch():
+    """pooch, imported when first needed: it imports ``tqdm.auto``, which warns inside Jupyter without ipywidgets
+    (the warning would print on book pages that never download anything)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import pooch
+
+    return pooch
+
+
 def dataset_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """Where data sets live: the argument, else ``$MHA_DATA_DIR``, else the user cache (``~/.cache/mha-derived`` on
     Linux, ``pooch.os_cache``)."""
@@ -31,7 +40,7 @@ def dataset_dir(data_dir: str | os.PathLike | None = None) -> Path:
         return Path(data_dir)
     if os.environ.get("MHA_DATA_DIR"):
         return Path(os.environ["MHA_DATA_DIR"])
-    return Path(pooch.os_cache("mha-derived"))
+    return Path(_pooch().os_cache("mha-derived"))
 
 
 def tinyshakespeare_path(data_dir: str | os.PathLike | None = None) -> Path:
@@ -49,7 +58,7 @@ def load_tinyshakespeare(data_dir: str | os.PathLike | None = None) -> str:
     """
     path = tinyshakespeare_path(data_dir)
     if path.exists():
-        digest = pooch.file_hash(str(path), alg="sha256")
+        digest = _pooch().file_hash(str(path), alg="sha256")
         if digest != TINYSHAKESPEARE_SHA256:
             raise ValueError(f"{path} has sha256 {digest}, expected {TINYSHAKESPEARE_SHA256}: the file is corrupt "
                              f"or another text; delete it to download it again from {TINYSHAKESPEARE_URL}")
@@ -57,7 +66,7 @@ def load_tinyshakespeare(data_dir: str | os.PathLike | None = None) -> str:
     import requests  # pooch's own dependency: its HTTP errors are requests exceptions
 
     try:
-        pooch.retrieve(TINYSHAKESPEARE_URL, known_hash=f"sha256:{TINYSHAKESPEARE_SHA256}", fname=path.name,
+        _pooch().retrieve(TINYSHAKESPEARE_URL, known_hash=f"sha256:{TINYSHAKESPEARE_SHA256}", fname=path.name,
                        path=path.parent, downloader=DOWNLOADER, progressbar=False)
     except (requests.exceptions.RequestException, OSError) as error:
         raise FileNotFoundError(
