@@ -33,6 +33,7 @@ help:
 	@echo "make bench     run the benchmarks and write experiments/benchmarks/<device>.json"
 	@echo "make gpu-check on a CUDA machine: CUDA tests, benchmark, smoke sweep, report (python -m mha.experiments.gpu_check)"
 	@echo "make book-all  rebuild every page (after a _config.yml change)"
+	@echo "make translations  update the Chinese catalogs after editing English prose (then translate, make book)"
 	@echo "make lock      regenerate $(LOCK) (pinned versions) from pyproject.toml's ranges with uv"
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
@@ -48,11 +49,21 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.installed node_modules/.installed
 
+# The English edition (executing the chapters, cached in _build/.jupyter_cache), then the Chinese edition into
+# _build/html/zh from the same executed cells and the catalogs in book/locales/zh_CN (tools/i18n.py).
 book: install
 	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/python tools/i18n.py build
 
 book-all: install
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
+	$(BIN)/python tools/i18n.py build
+
+# After editing English prose: the catalogs follow (new or edited paragraphs appear untranslated or fuzzy); translate
+# them in book/locales/zh_CN/LC_MESSAGES/<page>.po, then `make book`. `python tools/i18n.py check` lists what is left.
+translations: install
+	$(BIN)/python tools/i18n.py extract
+	$(BIN)/python tools/i18n.py update
 
 # The test workers run side by side (-n $(JOBS)), so each keeps to one torch thread.
 test: install

@@ -1,0 +1,63 @@
+"""Glued text in the Chinese edition: a word or phrase a cell chose from the data, translated at build time.
+
+A chapter may glue text (``glue("verdict", "lower" if ... else "not distinguishable from")``) and paste it into a
+paragraph. The Chinese edition pastes the same value, so that it follows the data too, but in Chinese: this extension
+looks each glued text up in ``book/locales/<language>/LC_MESSAGES/glue.po`` (kept in step by
+``python tools/i18n.py update``) when myst-nb resolves a pasted glue reference. A glued text with no translation is
+a build warning (an error with ``-W``), so an untranslated word cannot slip into a Chinese page. Numbers and other
+non-text values are pasted as they are. Nothing happens in the English build.
+"""
+
+from __future__ import annotations
+
+from ast import literal_eval
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+
+def _load(app: Sphinx) -> dict:
+    from babel.messages.pofile import read_po
+
+    for locale_dir in app.config.locale_dirs:
+        path = Path(app.confdir, locale_dir, app.config.language, "LC_MESSAGES", "glue.po")
+        if path.exists():
+            with open(path, "rb") as f:
+                return {m.id: m.string for m in read_po(f) if m.id and m.string}
+    return {}
+
+
+def _install(app: Sphinx) -> None:
+    if not app.config.language or app.config.language.startswith("en"):
+        return
+    from myst_nb.ext.glue import crossref
+
+    translations = _load(app)
+    original = crossref.generate_text_nodes
+
+    def translated_text_nodes(node, output):
+        nodes_out = original(node, output)
+        plain = output.get("data", {}).get("text/plain")
+        try:
+            value = literal_eval(plain) if plain is not None else None
+        except (ValueError, SyntaxError):
+            value = None
+        if isinstance(value, str) and nodes_out and any(c.isalpha() and c.isascii() for c in value):
+            if value in translations:
+                text = translations[value]
+                nodes_out[0].children = []
+                nodes_out[0] += crossref.nodes.Text(text)
+            else:
+                logger.warning(f"glued text {value!r} ({node.get('refdoc')}::{node.get('key')}) has no translation "
+                               f"in glue.po; run python tools/i18n.py update and translate it", location=node)
+        return nodes_out
+
+    crossref.generate_text_nodes = translated_text_nodes
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("builder-inited", _install)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

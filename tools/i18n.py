@@ -1,0 +1,250 @@
+"""The Chinese edition: the same sources, translated paragraph by paragraph through gettext catalogs.
+
+Usage (from the repository root; ``make book`` runs ``build``, ``make translations`` runs ``extract`` and
+``update``)::
+
+    python tools/i18n.py extract   # the English messages -> _build/gettext/**/*.pot (no notebook is executed)
+    python tools/i18n.py update    # the catalogs book/locales/zh_CN/LC_MESSAGES/<page>.po follow the .pot files
+    python tools/i18n.py build     # the Chinese edition -> _build/html/zh (reuses the English build's executed cells)
+    python tools/i18n.py check     # every message translated, none fuzzy, no catalog out of date (exit 1 otherwise)
+
+One catalog per page. Only prose is translated (paragraphs, headings, captions, admonitions, exercises, solutions);
+code cells, their outputs, math and glued values are the English build's, so a Chinese page shows the same computed
+numbers as its English twin. Messages that contain nothing to translate (a formula, a glued value, a code span) are
+filled with themselves by ``update``. In a translation, a glue role must name its page and carry a format
+(``{glue:text}`scaling.md::scaling_num_keys:d` ``): a translated paragraph is parsed apart from its notebook, and
+only that form finds the glued value. ``update`` rewrites every glue role of a translation into that form (with
+``:s``, myst-nb's default, where the author gave no format). Glued *text* (a word or phrase chosen by the data) is
+translated through ``book/locales/zh_CN/LC_MESSAGES/glue.po`` (``book/_ext/i18n_glue.py``), which ``update`` keeps
+in step with the values the English build glued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LANGUAGE = "zh_CN"
+LOCALES = ROOT / "book" / "locales"
+CATALOGS = LOCALES / LANGUAGE / "LC_MESSAGES"
+BUILD = ROOT / "_build"
+CONF_DIR = BUILD / "i18n-conf"
+POT_DIR = BUILD / "gettext"
+HTML_ZH = BUILD / "html" / "zh"
+CACHE = BUILD / ".jupyter_cache"  # the English build's executed notebooks (jupyter-book's default place)
+GLUE_CATALOG = CATALOGS / "glue.po"
+
+GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
+NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
+                                  r"\\[A-Za-z]+|[A-Za-z](?![A-Za-z]))*$", re.S)
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def write_conf() -> Path:
+    """The English book's Sphinx configuration (``jupyter-book config sphinx``), with absolute paths, the local
+    extensions on ``sys.path`` and the gettext settings, in ``_build/i18n-conf/conf.py``."""
+    jb = Path(_python()).with_name("jupyter-book")
+    generated = ROOT / "conf.py"
+    if generated.exists():
+        raise FileExistsError(f"{generated} exists; this tool writes it for a moment and would overwrite it")
+    subprocess.run([str(jb), "config", "sphinx", str(ROOT)], check=True, capture_output=True)
+    text = generated.read_text()
+    generated.unlink()
+    text = text.replace("bibtex_bibfiles = ['book/references.bib']",
+                        f"bibtex_bibfiles = [{str(ROOT / 'book' / 'references.bib')!r}]")
+    text = text.replace("external_toc_path = '_toc.yml'", f"external_toc_path = {str(ROOT / '_toc.yml')!r}")
+    text = text.replace("nb_execution_cache_path = ''", f"nb_execution_cache_path = {str(CACHE)!r}")
+    text += (f"\n# Added by tools/i18n.py\nimport sys\nsys.path.insert(0, {str(ROOT / 'book' / '_ext')!r})\n"
+             f"locale_dirs = [{str(LOCALES)!r}]\ngettext_compact = False\ngettext_uuid = False\n"
+             f"gettext_location = False\n")
+    CONF_DIR.mkdir(parents=True, exist_ok=True)
+    (CONF_DIR / "conf.py").write_text(text)
+    return CONF_DIR / "conf.py"
+
+
+def _sphinx(builder: str, out: Path, doctrees: Path, *options: str, warnings_as_errors: bool = False) -> None:
+    write_conf()
+    command = [str(Path(_python()).with_name("sphinx-build")), "-b", builder, "-c", str(CONF_DIR), "-d",
+               str(doctrees), *options, str(ROOT), str(out)]
+    if warnings_as_errors:
+        command[1:1] = ["-W", "-n", "--keep-going"]
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def extract() -> None:
+    """The English messages of every page into ``_build/gettext`` (no notebook is executed)."""
+    _sphinx("gettext", POT_DIR, BUILD / "doctrees-gettext", "-q", "-D", "nb_execution_mode=off")
+
+
+def glue_values() -> dict:
+    """``{(page, key): text/plain value}`` of every glued value, from the English build's execution cache."""
+    from jupyter_cache import get_cache
+
+    values = {}
+    cache = get_cache(str(CACHE))
+    for record in cache.list_project_records():
+        page = Path(record.uri).resolve().relative_to(ROOT).with_suffix("").as_posix()
+        cached = cache.get_cached_project_nb(record.uri)
+        if cached is None:  # a page not executed yet has no values
+            continue
+        notebook = cache.get_cache_bundle(cached.pk).nb
+        for cell in notebook.cells:
+            for output in cell.get("outputs", []):
+                name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+                if name:
+                    data = output.get("data", {})
+                    values[(page, name)] = data.get("application/papermill.record/text/plain")
+    return values
+
+
+def localise_glue(text: str, page: str) -> str:
+    """Every ``{glue:text}`` role of a translation in the form a translated paragraph needs: ``<file>::key:format``
+    (myst-nb splits the format off at the last colon, so ``file::key`` alone would lose its key; ``s``, myst-nb's
+    own default, prints the value as the English page does)."""
+    file = Path(page).name + ".md"
+
+    def rewrite(match):
+        return f"{{glue:text}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
+
+    return GLUE_ROLE.sub(rewrite, text)
+
+
+def glue_texts(values: dict, catalogs) -> dict:
+    """``{english text: [page::key, ...]}`` for every glued *text* value (a word or phrase chosen by the data) that
+    a paragraph of the catalogs pastes: these need a translation in glue.po."""
+    used = set()
+    for page, message_id in catalogs:
+        for match in GLUE_ROLE.finditer(message_id):
+            used.add((page, match["key"]))
+    texts = {}
+    for (page, key), plain in values.items():
+        if (page, key) not in used or plain is None:
+            continue
+        try:
+            value = ast.literal_eval(plain)
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(value, str) and re.search(r"[A-Za-z]{2}", value):
+            texts.setdefault(value, []).append(f"{page}::{key}")
+    return texts
+
+
+def update() -> None:
+    """Catalogs follow the .pot files (sphinx-intl: new messages added, changed ones marked fuzzy); messages with
+    nothing to translate are filled with themselves; every translation's glue roles are localised."""
+    from babel.messages.pofile import read_po, write_po
+
+    subprocess.run([str(Path(_python()).with_name("sphinx-intl")), "update", "-p", str(POT_DIR), "-l", LANGUAGE,
+                    "-d", str(LOCALES)], check=True, cwd=ROOT, capture_output=True)
+    messages = []
+    for path in sorted(CATALOGS.rglob("*.po")):
+        if path == GLUE_CATALOG:
+            continue
+        page = path.relative_to(CATALOGS).with_suffix("").as_posix()
+        with open(path, "rb") as f:
+            catalog = read_po(f)
+        for message in catalog:
+            if not message.id:
+                continue
+            messages.append((page, message.id))
+            if not message.string and NOTHING_TO_TRANSLATE.match(message.id):
+                message.string = message.id
+            if message.string:
+                message.string = localise_glue(message.string, page)
+        with open(path, "wb") as f:
+            write_po(f, catalog, width=120)
+    _update_glue_catalog(glue_texts(glue_values(), messages))
+
+
+def _update_glue_catalog(texts: dict) -> None:
+    """glue.po holds one entry per glued English text a paragraph pastes; translations already there are kept."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import read_po, write_po
+
+    old = {}
+    if GLUE_CATALOG.exists():
+        with open(GLUE_CATALOG, "rb") as f:
+            old = {m.id: m.string for m in read_po(f) if m.id}
+    catalog = Catalog(locale=LANGUAGE, project="Multi-Head Attention, Derived: glued text")
+    for text, where in sorted(texts.items()):
+        catalog.add(text, old.get(text, ""), auto_comments=where)
+    with open(GLUE_CATALOG, "wb") as f:
+        write_po(f, catalog, width=120)
+
+
+def build() -> None:
+    """The Chinese edition into ``_build/html/zh``, warnings as errors, reusing the English build's executed cells."""
+    _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", "-D", f"language={LANGUAGE}", warnings_as_errors=True)
+
+
+def problems() -> list[str]:
+    """What keeps the catalogs from matching the English pages: untranslated, fuzzy or obsolete messages, and
+    English messages with no entry (an edited paragraph). Needs ``extract`` first."""
+    from babel.messages.pofile import read_po
+
+    found = []
+    for pot in sorted(POT_DIR.rglob("*.pot")):
+        page = pot.relative_to(POT_DIR).with_suffix("")
+        po = CATALOGS / page.with_suffix(".po")
+        with open(pot, "rb") as f:
+            english = {m.id for m in read_po(f) if m.id}
+        if not po.exists():
+            found.append(f"{page}.md: no catalog {po.relative_to(ROOT)} ({len(english)} messages to translate)")
+            continue
+        with open(po, "rb") as f:
+            catalog = read_po(f)
+        translated = {m.id: m for m in catalog if m.id}
+        for message_id in sorted(english - set(translated)):
+            found.append(f"{page}.md: paragraph without a translation (new or edited): {message_id[:100]!r}")
+        for message in translated.values():
+            if message.id not in english:
+                found.append(f"{page}.md: translation of a paragraph that no longer exists: {message.id[:100]!r}")
+            elif not message.string:
+                found.append(f"{page}.md: untranslated: {message.id[:100]!r}")
+            elif message.fuzzy:
+                found.append(f"{page}.md: fuzzy (the English changed; check the translation): {message.id[:100]!r}")
+        obsolete = getattr(catalog, "obsolete", {})
+        if obsolete:
+            found.append(f"{page}.md: {len(obsolete)} obsolete entries (run python tools/i18n.py update)")
+    if GLUE_CATALOG.exists():
+        with open(GLUE_CATALOG, "rb") as f:
+            for message in read_po(f):
+                if message.id and not message.string:
+                    found.append(f"glue.po: glued text without a translation: {message.id!r} "
+                                 f"({', '.join(message.auto_comments)})")
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python tools/i18n.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("conf", "extract", "update", "build", "check"))
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+    if args.command == "conf":
+        print(write_conf())
+    elif args.command == "extract":
+        extract()
+    elif args.command == "update":
+        update()
+    elif args.command == "build":
+        build()
+    else:
+        found = problems()
+        for line in found:
+            print(line)
+        print(f"{len(found)} problem(s) in the Chinese catalogs" if found else "catalogs complete and up to date")
+        return 1 if found else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
