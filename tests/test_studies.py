@@ -136,6 +136,9 @@ def test_results_lookup_finds_every_committed_sweep():
     head_count = results.load("head-count", REPO)
     assert head_count.sweep_file == REPO / "experiments" / "head_count" / "head-count.yaml"
     assert head_count.command == "python -m mha.sweep experiments/head_count/head-count.yaml --jobs 2"
+    # A wall-time sweep runs one run at a time: its file sets no jobs, and its command adds none.
+    assert (results.load("shakespeare-nanogpt-cpu", REPO).command
+            == "python -m mha.sweep experiments/shakespeare/shakespeare-nanogpt-cpu.yaml")
     partial = head_count.table(complete=False)
     assert len(partial) >= 15 and set(partial.status) == {"ok"} and set(partial.run_id) <= set(head_count.run_ids)
     if len(partial) < len(head_count.run_ids):  # a sweep still running: table() says so, with the command

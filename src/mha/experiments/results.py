@@ -58,8 +58,12 @@ class SweepResults:
 
     @property
     def command(self) -> str:
-        """The command that regenerates this sweep's results (from the repository root)."""
-        return f"python -m mha.sweep {self.sweep_file.relative_to(self.root)} --jobs 2"
+        """The command that regenerates this sweep's results (from the repository root), with the sweep file's
+        ``jobs`` (runs in parallel; the wall-time sweeps leave it at 1, one run at a time)."""
+        from mha.experiments.sweep import load_sweep
+
+        jobs = load_sweep(self.sweep_file).jobs
+        return f"python -m mha.sweep {self.sweep_file.relative_to(self.root)}" + (f" --jobs {jobs}" if jobs > 1 else "")
 
     @property
     def csv_path(self) -> Path:

@@ -8,6 +8,9 @@ Book: part III, every chapter (an ordering or a difference is stated only where 
 * :func:`paired_difference` — the mean of a paired difference (the same seeds under two settings), its percentile
   bootstrap interval and the exact sign-flip permutation p-value; a difference is called real only when the
   interval excludes 0.
+* :func:`unpaired_difference` — the same for two independent groups of runs (different seeds, or different
+  programs): the difference of the means, a bootstrap interval resampling each group on its own, and the
+  permutation p-value over all ways of splitting the pooled runs into groups of the same sizes.
 * :func:`outcomes` — the three plateaus of the two-offset task (solved, half solved, chance) and their frequencies.
 * :func:`separated` — whether two intervals are disjoint (the only case where the book states an ordering).
 * :func:`outcome_table` and :func:`paired_table` — the same, for a results table grouped by one setting.
@@ -23,7 +26,8 @@ import numpy as np
 
 from mha._checks import check_float, check_int
 
-__all__ = ["wilson_interval", "bootstrap_mean_interval", "paired_difference", "separated", "outcomes",
+__all__ = ["wilson_interval", "bootstrap_mean_interval", "paired_difference", "unpaired_difference", "separated",
+           "outcomes",
            "OUTCOMES", "outcome_of", "outcome_table", "paired_table"]
 
 OUTCOMES = ("solved", "partial", "chance")
@@ -91,6 +95,41 @@ def paired_difference(a, b, confidence: float = 0.95, n_boot: int = 10_000, seed
     interval = bootstrap_mean_interval(d, confidence, n_boot, seed)
     return dict(mean=interval["mean"], low=interval["low"], high=interval["high"], n=interval["n"],
                 p_value=_sign_flip_p(d), real=bool(interval["low"] > 0 or interval["high"] < 0))
+
+
+def _split_p(a: np.ndarray, b: np.ndarray, max_splits: int = 500_000) -> float:
+    """Two-sided permutation p-value of mean(a) - mean(b) under "the pooled values were split into the two groups
+    at random": every split of the pooled values into groups of a.size and b.size when there are at most
+    ``max_splits`` of them, else 100,000 random splits."""
+    pooled = np.concatenate([a, b])
+    n, n_a = pooled.size, a.size
+    observed = abs(a.mean() - b.mean())
+    if math.comb(n, n_a) <= max_splits:
+        flat = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n), n_a)), dtype=np.int32)
+        groups = flat.reshape(-1, n_a)  # (splits, n_a): the indices that form group a
+    else:
+        rng = np.random.default_rng(0)
+        groups = np.argsort(rng.random((100_000, n)), axis=1)[:, :n_a]
+    sum_a = pooled[groups].sum(axis=1)  # (splits,)
+    differences = sum_a / n_a - (pooled.sum() - sum_a) / (n - n_a)
+    return float(np.mean(np.abs(differences) >= observed - 1e-12))
+
+
+def unpaired_difference(a, b, confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """``mean(a) - mean(b)`` for two independent groups of runs (nothing pairs ``a[i]`` with ``b[i]``; the groups
+    may differ in size): the difference, a percentile bootstrap interval (each group resampled with replacement on
+    its own, ``n_boot`` times), the permutation p-value of :func:`_split_p`, and ``real`` = the interval excludes 0.
+    """
+    a, b = _values(a, "a"), _values(b, "b")
+    n_boot = check_int("n_boot", n_boot)
+    alpha = (1 - check_float("confidence", confidence, minimum=0.0, maximum=1.0, min_inclusive=False,
+                             max_inclusive=False)) / 2
+    rng = np.random.default_rng(seed)
+    means_a = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1)  # (n_boot,)
+    means_b = b[rng.integers(0, b.size, size=(n_boot, b.size))].mean(axis=1)  # (n_boot,)
+    low, high = np.quantile(means_a - means_b, [alpha, 1 - alpha])
+    return dict(mean=float(a.mean() - b.mean()), low=float(low), high=float(high), n_a=int(a.size),
+                n_b=int(b.size), p_value=_split_p(a, b), real=bool(low > 0 or high < 0))
 
 
 def separated(first: tuple[float, float], second: tuple[float, float]) -> bool:
