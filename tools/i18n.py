@@ -7,6 +7,7 @@ Usage (from the repository root; ``make book`` runs ``build``, ``make translatio
     python tools/i18n.py update    # the catalogs book/locales/zh_CN/LC_MESSAGES/<page>.po follow the .pot files
     python tools/i18n.py build     # the Chinese edition -> _build/html/zh (reuses the English build's executed cells)
     python tools/i18n.py check     # every message translated, none fuzzy, no catalog out of date (exit 1 otherwise)
+    python tools/i18n.py lint [PO...]  # every translation keeps its English's math, code, glue keys and link targets
 
 One catalog per page. Only prose is translated (paragraphs, headings, captions, admonitions, exercises, solutions);
 code cells, their outputs, math and glued values are the English build's, so a Chinese page shows the same computed
@@ -224,9 +225,68 @@ def problems() -> list[str]:
     return found
 
 
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
+CODE = re.compile(r"(?<![}`])``?(?!`)(?P<code>[^`]+?)``?(?!`)")
+LINK_TARGET = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+FOOTNOTE = re.compile(r"\[\^[\w-]+\]")
+
+
+def _role_keys(text: str) -> list[str]:
+    """What a role points at: the glue key, the target of ``text <target>``, or the whole body (cite, eq, ...)."""
+    keys = []
+    for match in ROLE.finditer(text):
+        role, body = match["role"], match["body"]
+        if role.startswith("glue"):
+            glue = GLUE_ROLE.match(match[0])
+            keys.append(f"glue:{glue['key'] if glue else body}")
+        elif role in ("ref", "doc", "numref", "term", "download") and body.rstrip().endswith(">") and "<" in body:
+            keys.append(f"{role}:{body[body.rindex('<') + 1:-1].strip()}")
+        else:
+            keys.append(f"{role}:{body}")
+    return sorted(keys)
+
+
+def preserved(english: str, translation: str) -> list[str]:
+    """What a translation changed that it must keep: math, code spans, role keys and targets, link targets."""
+    differences = []
+    without_roles = [ROLE.sub("", MATH.sub("", t)) for t in (english, translation)]
+    checks = {
+        "math": [sorted(MATH.findall(t)) for t in (english, translation)],
+        "roles": [_role_keys(MATH.sub("", t)) for t in (english, translation)],
+        "code": [sorted(m["code"] for m in CODE.finditer(t)) for t in without_roles],
+        "links": [sorted(LINK_TARGET.findall(t)) for t in (english, translation)],
+        "footnotes": [sorted(FOOTNOTE.findall(t)) for t in (english, translation)],
+    }
+    for what, (want, got) in checks.items():
+        if want != got:
+            missing = [x for x in want if x not in got]
+            extra = [x for x in got if x not in want]
+            differences.append(f"{what} differ: missing {missing[:3]}, unexpected {extra[:3]}")
+    return differences
+
+
+def lint(paths=None) -> list[str]:
+    """Every translated message against its English: see ``preserved``."""
+    from babel.messages.pofile import read_po
+
+    found = []
+    for path in [Path(p) for p in paths] if paths else sorted(CATALOGS.rglob("*.po")):
+        if path.resolve() == GLUE_CATALOG.resolve():
+            continue
+        with open(path, "rb") as f:
+            catalog = read_po(f)
+        for message in catalog:
+            if message.id and message.string:
+                for difference in preserved(message.id, message.string):
+                    found.append(f"{path}: {message.id[:80]!r}: {difference}")
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/i18n.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("conf", "extract", "update", "build", "check"))
+    parser.add_argument("command", choices=("conf", "extract", "update", "build", "check", "lint"))
+    parser.add_argument("catalogs", nargs="*", help="lint: the .po files to check (default: all)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     if args.command == "conf":
@@ -237,8 +297,15 @@ def main(argv=None) -> int:
         update()
     elif args.command == "build":
         build()
+    elif args.command == "lint":
+        found = lint(args.catalogs)
+        for line in found:
+            print(line)
+        print(f"{len(found)} translation(s) changed what they must keep" if found else "translations keep math, "
+              "code, glue keys and link targets")
+        return 1 if found else 0
     else:
-        found = problems()
+        found = problems() + lint()
         for line in found:
             print(line)
         print(f"{len(found)} problem(s) in the Chinese catalogs" if found else "catalogs complete and up to date")

@@ -28,7 +28,7 @@ ASSETS = [
 
 
 def _stage(app: Sphinx) -> None:
-    root = Path(app.confdir)
+    root = Path(app.srcdir)  # the repository root (the Chinese build keeps its conf.py elsewhere)
     modules = root / "node_modules"
     stage = Path(app.outdir).parent / "offline_static"
     for package, src, dest in ASSETS:
