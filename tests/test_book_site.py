@@ -16,21 +16,27 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections import Counter
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import i18n  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
+ZH = HTML / "zh"  # the Chinese edition
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.book
 
 
 @pytest.fixture(scope="module")
 def build():
-    """Build the book once for this module; return the build log."""
+    """Build the book once for this module, both editions (as `make book` does); return the two build logs."""
     jb = Path(sys.executable).with_name("jupyter-book")
     proc = subprocess.run(
         [str(jb), "build", ".", "-W", "-n", "--keep-going"],
@@ -38,7 +44,11 @@ def build():
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"book build failed (exit {proc.returncode}):\n{log[-6000:]}"
-    return log
+    proc = subprocess.run([sys.executable, "tools/i18n.py", "build"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1200)
+    zh_log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"Chinese edition build failed (exit {proc.returncode}):\n{zh_log[-6000:]}"
+    return log + "\n" + zh_log
 
 
 def test_book_builds_with_zero_warnings(build):
@@ -218,3 +228,126 @@ def test_every_page_renders_offline(server, browser):
     assert not problems, "\n".join(f"{page}:\n  " + "\n  ".join(msgs) for page, msgs in problems.items())
     assert totals["mermaid"] >= 1, "no mermaid diagram was found in the whole book"
     assert totals["math"] >= 1, "no display equation was found in the whole book"
+
+
+# The Chinese edition (issue 17) ------------------------------------------------------------------------------
+
+@pytest.mark.book
+def test_every_paragraph_has_a_current_translation():
+    """Extract the English messages as they are now and compare them with the catalogs."""
+    proc = subprocess.run([sys.executable, "tools/i18n.py", "extract"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    problems = i18n.problems() + i18n.lint()
+    assert not problems, (f"{len(problems)} problem(s) in the Chinese catalogs; after editing English prose run "
+                          f"`make translations`, translate the entries listed in book/locales/zh_CN/LC_MESSAGES/"
+                          f"<page>.po, then `make book`:\n" + "\n".join(problems[:60]))
+
+
+_PASTED = re.compile(r'<span class="pasted-text">(.*?)</span>', re.S)
+_OUTPUT = re.compile(r'<div class="output (?:text_plain|text_html|stream)[^"]*"[^>]*>(.*?)</div>\s*</div>', re.S)
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _text(html: str) -> str:
+    return unescape(re.sub(r"<[^>]+>", "", html)).strip()
+
+
+def _twins():
+    if not ZH.is_dir():
+        pytest.fail(f"{ZH} is missing: `make book` builds the Chinese edition there")
+    pairs = []
+    for page in sorted(HTML.rglob("*.html")):
+        rel = page.relative_to(HTML)
+        if rel.parts[0] in ("zh", "_static", "_sources") or rel.name in ("genindex.html", "search.html"):
+            continue
+        if 'http-equiv="Refresh"' in page.read_text(encoding="utf-8", errors="replace")[:2000]:
+            continue
+        pairs.append((page, ZH / rel))
+    return pairs
+
+
+@pytest.mark.book
+def test_chinese_pages_exist_declare_their_language_and_link_to_their_twins(build):
+    problems = []
+    for english, chinese in _twins():
+        rel = english.relative_to(HTML).as_posix()
+        if not chinese.exists():
+            problems.append(f"{rel}: no Chinese twin at zh/{rel}")
+            continue
+        en_html, zh_html = (p.read_text(encoding="utf-8") for p in (english, chinese))
+        if not re.search(r'<html[^>]*\blang="zh-CN"', zh_html):
+            problems.append(f"zh/{rel}: does not declare lang=\"zh-CN\"")
+        if not re.search(r'<html[^>]*\blang="en"', en_html):
+            problems.append(f"{rel}: does not declare lang=\"en\"")
+        for html, here, there in ((en_html, english, chinese), (zh_html, chinese, english)):
+            link = re.search(r'class="language-switch-link" href="([^"]+)"', html)
+            if not link:
+                problems.append(f"{here.relative_to(HTML)}: no link to the other edition")
+            elif (here.parent / link.group(1)).resolve() != there.resolve():
+                problems.append(f"{here.relative_to(HTML)}: language link {link.group(1)} does not lead to its twin")
+        if not re.search(r"[\u4e00-\u9fff]{4}", re.sub(r"<(script|style)\b.*?</\1>", "", zh_html, flags=re.S)):
+            problems.append(f"zh/{rel}: no Chinese text")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.book
+def test_numbers_on_each_chinese_page_equal_its_english_twin(build):
+    """Every glued number and every cell output: the same on both editions (in any order within the page)."""
+    problems = []
+    for english, chinese in _twins():
+        rel = english.relative_to(HTML).as_posix()
+        if not chinese.exists():
+            continue
+        found = {}
+        for edition, path in (("en", english), ("zh", chinese)):
+            html = path.read_text(encoding="utf-8")
+            pasted = [_text(m) for m in _PASTED.findall(html)]
+            found[edition] = (Counter(n for value in pasted for n in _NUMBER.findall(value)),
+                              Counter(_text(m) for m in _OUTPUT.findall(html)))
+        (en_numbers, en_outputs), (zh_numbers, zh_outputs) = found["en"], found["zh"]
+        if en_numbers != zh_numbers:
+            missing, extra = en_numbers - zh_numbers, zh_numbers - en_numbers
+            problems.append(f"{rel}: glued numbers differ: only in English {dict(missing)}, only in Chinese "
+                            f"{dict(extra)}")
+        if en_outputs != zh_outputs:
+            problems.append(f"{rel}: {sum((en_outputs - zh_outputs).values())} cell output(s) differ")
+    assert not problems, "\n".join(problems)
+
+
+GLYPHS_JS = """
+() => {
+  const where = document.querySelector('main') || document.body;
+  const font = getComputedStyle(where).fontFamily;
+  const canvas = document.createElement('canvas');
+  canvas.width = 48; canvas.height = 48;
+  const g = canvas.getContext('2d');
+  const draw = ch => { g.clearRect(0, 0, 48, 48); g.font = `36px ${font}`; g.fillText(ch, 4, 40);
+                       return g.getImageData(0, 0, 48, 48).data.join(','); };
+  const chars = ['多', '头', '注', '意', '力', '键', '值'];
+  const bitmaps = chars.map(draw);
+  const missing = draw(String.fromCodePoint(0x10FFFD));  // a private-use code point: no font has a glyph for it
+  return {font, distinct: new Set(bitmaps).size, asMissing: bitmaps.filter(b => b === missing).length,
+          blank: bitmaps.filter(b => !/[1-9]/.test(b)).length, chars: chars.length,
+          lang: document.documentElement.lang};
+}
+"""
+
+
+@pytest.mark.book
+def test_chinese_text_renders_with_real_glyphs(server, browser):
+    """Drawn in the page's own font, seven different Chinese characters give seven different bitmaps, none of them
+    the missing-glyph box: a CJK font is installed and used (without one, Chromium draws every character as the same
+    box). Checked on a Chinese page and on the English glossary, whose terms are Chinese too."""
+    results = {}
+    for rel in ("zh/book/part1/multi_head.html", "book/appendix/glossary.html"):
+        page = browser.new_page()
+        page.goto(server + rel)
+        results[rel] = page.evaluate(GLYPHS_JS)
+        page.close()
+    for rel, r in results.items():
+        assert r["distinct"] == r["chars"] and r["asMissing"] == 0 and r["blank"] == 0, (
+            f"{rel}: Chinese characters do not render as real glyphs in the font {r['font']!r} "
+            f"({r['distinct']} distinct bitmaps for {r['chars']} characters, {r['asMissing']} drawn as the "
+            f"missing-glyph box): install a CJK font, e.g. `apt-get install fonts-noto-cjk` (.ci/run does)")
+    assert results["zh/book/part1/multi_head.html"]["lang"] == "zh-CN"

@@ -26,6 +26,7 @@ import argparse
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,8 +87,9 @@ def extract() -> None:
     _sphinx("gettext", POT_DIR, BUILD / "doctrees-gettext", "-q", "-D", "nb_execution_mode=off")
 
 
-def glue_values() -> dict:
-    """``{(page, key): text/plain value}`` of every glued value, from the English build's execution cache."""
+def glue_values(mime: str = "text/plain") -> dict:
+    """``{(page, key): value}`` of every glued value (its ``mime`` form: text/plain, or text/markdown for what
+    ``{glue:md}`` pastes), from the English build's execution cache."""
     from jupyter_cache import get_cache
 
     values = {}
@@ -103,7 +105,7 @@ def glue_values() -> dict:
                 name = output.get("metadata", {}).get("scrapbook", {}).get("name")
                 if name:
                     data = output.get("data", {})
-                    values[(page, name)] = data.get("application/papermill.record/text/plain")
+                    values[(page, name)] = data.get(f"application/papermill.record/{mime}")
     return values
 
 
@@ -114,18 +116,21 @@ def localise_glue(text: str, page: str) -> str:
     file = Path(page).name + ".md"
 
     def rewrite(match):
-        return f"{{glue:text}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
+        if match["kind"] == "md":  # inlined from the execution cache at build time (see build)
+            return f"{{glue:md}}`{file}::{match['key']}{match['fmt'] or ''}`"
+        return f"{{glue:{match['kind']}}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
 
     return GLUE_ROLE.sub(rewrite, text)
 
 
-def glue_texts(values: dict, catalogs) -> dict:
+def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
     """``{english text: [page::key, ...]}`` for every glued *text* value (a word or phrase chosen by the data) that
-    a paragraph of the catalogs pastes: these need a translation in glue.po."""
-    used = set()
+    a paragraph of the catalogs pastes, and every Markdown value a ``{glue:md}`` role pastes: these need a
+    translation in glue.po."""
+    used, used_md = set(), set()
     for page, message_id in catalogs:
         for match in GLUE_ROLE.finditer(message_id):
-            used.add((page, match["key"]))
+            (used_md if match["kind"] == "md" else used).add((page, match["key"]))
     texts = {}
     for (page, key), plain in values.items():
         if (page, key) not in used or plain is None:
@@ -136,6 +141,9 @@ def glue_texts(values: dict, catalogs) -> dict:
             continue
         if isinstance(value, str) and re.search(r"[A-Za-z]{2}", value):
             texts.setdefault(value, []).append(f"{page}::{key}")
+    for (page, key), value in (markdown or {}).items():
+        if (page, key) in used_md and value and re.search(r"[A-Za-z]{2}", re.sub(r"\$[^$]*\$|`[^`]*`", "", value)):
+            texts.setdefault(value, []).append(f"{page}::{key} (markdown)")
     return texts
 
 
@@ -163,7 +171,7 @@ def update() -> None:
                 message.string = localise_glue(message.string, page)
         with open(path, "wb") as f:
             write_po(f, catalog, width=120)
-    _update_glue_catalog(glue_texts(glue_values(), messages))
+    _update_glue_catalog(glue_texts(glue_values(), messages, glue_values("text/markdown")))
 
 
 def _update_glue_catalog(texts: dict) -> None:
@@ -182,9 +190,51 @@ def _update_glue_catalog(texts: dict) -> None:
         write_po(f, catalog, width=120)
 
 
+def stage_catalogs() -> Path:
+    """The catalogs the Chinese build reads, in ``_build/i18n-locales``: the committed ones with every ``{glue:md}``
+    role replaced by the Markdown it pastes (from the English build's execution cache; translated through glue.po
+    where that has an entry). myst-nb parses a translated paragraph apart from its notebook, and only ``{glue:text}``
+    can look a value up from there; pasted Markdown (a formula, a sentence with emphasis) is inlined instead."""
+    from babel.messages.pofile import read_po, write_po
+
+    markdown = glue_values("text/markdown")
+    translations = {}
+    if GLUE_CATALOG.exists():
+        with open(GLUE_CATALOG, "rb") as f:
+            translations = {m.id: m.string for m in read_po(f) if m.id and m.string}
+    staged = BUILD / "i18n-locales"
+    shutil.rmtree(staged, ignore_errors=True)
+    for path in sorted(CATALOGS.rglob("*.po")):
+        target = staged / path.relative_to(LOCALES)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path == GLUE_CATALOG:
+            shutil.copy(path, target)
+            continue
+        page = path.relative_to(CATALOGS).with_suffix("").as_posix()
+        with open(path, "rb") as f:
+            catalog = read_po(f)
+
+        def inline(match, page=page):
+            if match["kind"] != "md":
+                return match[0]
+            value = markdown.get((page, match["key"]))
+            if value is None:  # not in the cache: left as it is, and the build says so
+                return match[0]
+            return translations.get(value, value)
+
+        for message in catalog:
+            if message.id and message.string:
+                message.string = GLUE_ROLE.sub(inline, message.string)
+        with open(target, "wb") as f:
+            write_po(f, catalog, width=120)
+    return staged
+
+
 def build() -> None:
     """The Chinese edition into ``_build/html/zh``, warnings as errors, reusing the English build's executed cells."""
-    _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", "-D", f"language={LANGUAGE}", warnings_as_errors=True)
+    staged = stage_catalogs()
+    _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", "-D", f"language={LANGUAGE}", "-D",
+            f"locale_dirs={staged}", warnings_as_errors=True)
 
 
 def problems() -> list[str]:
@@ -230,6 +280,7 @@ ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
 CODE = re.compile(r"(?<![}`])``?(?!`)(?P<code>[^`]+?)``?(?!`)")
 LINK_TARGET = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 FOOTNOTE = re.compile(r"\[\^[\w-]+\]")
+DOUBLE_CODE = re.compile(r"``.+?``", re.S)  # code that may itself show a role: ``{ref}`text <target>` ``
 
 
 def _role_keys(text: str) -> list[str]:
@@ -240,7 +291,7 @@ def _role_keys(text: str) -> list[str]:
         if role.startswith("glue"):
             glue = GLUE_ROLE.match(match[0])
             keys.append(f"glue:{glue['key'] if glue else body}")
-        elif role in ("ref", "doc", "numref", "term", "download") and body.rstrip().endswith(">") and "<" in body:
+        elif role in ("ref", "doc", "numref", "term", "download", "prf:ref") and body.rstrip().endswith(">") and "<" in body:
             keys.append(f"{role}:{body[body.rindex('<') + 1:-1].strip()}")
         else:
             keys.append(f"{role}:{body}")
@@ -250,8 +301,11 @@ def _role_keys(text: str) -> list[str]:
 def preserved(english: str, translation: str) -> list[str]:
     """What a translation changed that it must keep: math, code spans, role keys and targets, link targets."""
     differences = []
+    double = [sorted(DOUBLE_CODE.findall(t)) for t in (english, translation)]
+    english, translation = (DOUBLE_CODE.sub("", t) for t in (english, translation))
     without_roles = [ROLE.sub("", MATH.sub("", t)) for t in (english, translation)]
     checks = {
+        "quoted code": double,
         "math": [sorted(MATH.findall(t)) for t in (english, translation)],
         "roles": [_role_keys(MATH.sub("", t)) for t in (english, translation)],
         "code": [sorted(m["code"] for m in CODE.finditer(t)) for t in without_roles],

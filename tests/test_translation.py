@@ -1,0 +1,29 @@
+"""The Chinese edition's tooling (tools/i18n.py): the lint that a translation keeps its math, code, glue keys and
+link targets, and the rewriting of glue roles for translated paragraphs. The catalogs' completeness and the built
+Chinese pages are checked in test_book_site.py, beside the build they need."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import i18n  # noqa: E402
+
+
+def test_translation_lint_catches_a_dropped_formula_and_a_changed_target():
+    english = "The {ref}`KV cache <glossary-kv-cache>` keeps $K$ for {glue:text}`n_heads` heads (`k_cache`)."
+    good = "{ref}`键值缓存 <glossary-kv-cache>` 为 {glue:text}`page.md::n_heads:s` 个头保存 $K$（`k_cache`）。"
+    assert i18n.preserved(english, good) == []
+    problems = i18n.preserved(english, good.replace("$K$", "K").replace("<glossary-kv-cache>", "<glossary-x>"))
+    assert any(p.startswith("math differ") for p in problems) and any(p.startswith("roles differ") for p in problems)
+    assert i18n.preserved(english, good.replace("n_heads", "n_kv_heads"))  # another glued value
+    assert i18n.preserved(english, good.replace("`k_cache`", "`v_cache`"))  # another code span
+
+
+def test_glue_roles_are_localised_for_a_translated_paragraph():
+    text = "共 {glue:text}`n_heads` 个头，误差 {glue:text}`err:.1e`，已写 {glue:text}`other.md::x:d`"
+    assert i18n.localise_glue(text, "book/part1/multi_head") == (
+        "共 {glue:text}`multi_head.md::n_heads:s` 个头，误差 {glue:text}`multi_head.md::err:.1e`，"
+        "已写 {glue:text}`multi_head.md::x:d`")
