@@ -161,6 +161,7 @@ def update() -> None:
         page = path.relative_to(CATALOGS).with_suffix("").as_posix()
         with open(path, "rb") as f:
             catalog = read_po(f)
+        catalog.obsolete.clear()  # paragraphs that no longer exist (sphinx-intl keeps them as #~ entries)
         for message in catalog:
             if not message.id:
                 continue
