@@ -109,16 +109,20 @@ def glue_values(mime: str = "text/plain") -> dict:
     return values
 
 
-def localise_glue(text: str, page: str) -> str:
-    """Every ``{glue:text}`` role of a translation in the form a translated paragraph needs: ``<file>::key:format``
+def localise_glue(text: str, page: str, english: str | None = None) -> str:
+    """Every glue role of a translation in the form a translated paragraph needs: ``<file>::key:format``
     (myst-nb splits the format off at the last colon, so ``file::key`` alone would lose its key; ``s``, myst-nb's
-    own default, prints the value as the English page does)."""
+    own default, prints the value as the English page does). The role's kind (text, md) is the English one's."""
     file = Path(page).name + ".md"
+    kinds = {m["key"]: m["kind"] for m in GLUE_ROLE.finditer(english or "")}
 
     def rewrite(match):
-        if match["kind"] == "md":  # inlined from the execution cache at build time (see build)
-            return f"{{glue:md}}`{file}::{match['key']}{match['fmt'] or ''}`"
-        return f"{{glue:{match['kind']}}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
+        kind = kinds.get(match["key"], match["kind"])
+        if kind == "md":  # inlined from the execution cache at build time (see stage_catalogs)
+            fmt = match["fmt"] if match["kind"] == "md" else next(
+                (m["fmt"] for m in GLUE_ROLE.finditer(english) if m["key"] == match["key"]), None)
+            return f"{{glue:md}}`{file}::{match['key']}{fmt or ''}`"
+        return f"{{glue:{kind}}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
 
     return GLUE_ROLE.sub(rewrite, text)
 
@@ -169,7 +173,7 @@ def update() -> None:
             if not message.string and NOTHING_TO_TRANSLATE.match(message.id):
                 message.string = message.id
             if message.string:
-                message.string = localise_glue(message.string, page)
+                message.string = localise_glue(message.string, page, message.id)
         with open(path, "wb") as f:
             write_po(f, catalog, width=120)
     _update_glue_catalog(glue_texts(glue_values(), messages, glue_values("text/markdown")))
