@@ -237,9 +237,14 @@ def stage_catalogs() -> Path:
 
 def build() -> None:
     """The Chinese edition into ``_build/html/zh``, warnings as errors, reusing the English build's executed cells."""
+    from babel.messages.pofile import read_po
+
     staged = stage_catalogs()
+    with open(CATALOGS / "book" / "intro.po", "rb") as f:
+        title = {m.id: m.string for m in read_po(f)}.get("Multi-Head Attention, Derived") or "Multi-Head Attention"
     _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", "-D", f"language={LANGUAGE}", "-D",
-            f"locale_dirs={staged}", warnings_as_errors=True)
+            f"locale_dirs={staged}", "-D", f"html_title={title}", "-D", "nb_code_prompt_show=显示代码单元",
+            "-D", "nb_code_prompt_hide=隐藏代码单元", warnings_as_errors=True)
 
 
 def problems() -> list[str]:
