@@ -246,7 +246,7 @@ def test_every_paragraph_has_a_current_translation():
 
 _PASTED = re.compile(r'<span class="pasted-text">(.*?)</span>', re.S)
 _OUTPUT = re.compile(r'<div class="output (?:text_plain|text_html|stream)[^"]*"[^>]*>(.*?)</div>\s*</div>', re.S)
-_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+_NUMBER = re.compile(r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")  # "1,234" is one number; "1, 2" two
 
 
 def _text(html: str) -> str:
