@@ -39,7 +39,8 @@ BUILD = ROOT / "_build"
 CONF_DIR = BUILD / "i18n-conf"
 POT_DIR = BUILD / "gettext"
 HTML_ZH = BUILD / "html" / "zh"
-CACHE = BUILD / ".jupyter_cache"  # the English build's executed notebooks (jupyter-book's default place)
+CACHE = BUILD / ".jupyter_cache"  # the English build's execution cache (jupyter-book's default place)
+EXECUTED = BUILD / "jupyter_execute"  # the English build's executed notebooks, one per page
 GLUE_CATALOG = CATALOGS / "glue.po"
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
@@ -89,23 +90,15 @@ def extract() -> None:
 
 def glue_values(mime: str = "text/plain") -> dict:
     """``{(page, key): value}`` of every glued value (its ``mime`` form: text/plain, or text/markdown for what
-    ``{glue:md}`` pastes), from the English build's execution cache."""
-    from jupyter_cache import get_cache
+    ``{glue:md}`` pastes), from the glue data the English build wrote beside each executed page
+    (``_build/jupyter_execute/<page>.glue.json``, for cached and force-executed pages alike)."""
+    import json
 
     values = {}
-    cache = get_cache(str(CACHE))
-    for record in cache.list_project_records():
-        page = Path(record.uri).resolve().relative_to(ROOT).with_suffix("").as_posix()
-        cached = cache.get_cached_project_nb(record.uri)
-        if cached is None:  # a page not executed yet has no values
-            continue
-        notebook = cache.get_cache_bundle(cached.pk).nb
-        for cell in notebook.cells:
-            for output in cell.get("outputs", []):
-                name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-                if name:
-                    data = output.get("data", {})
-                    values[(page, name)] = data.get(f"application/papermill.record/{mime}")
+    for path in sorted(EXECUTED.rglob("*.glue.json")):
+        page = path.relative_to(EXECUTED).as_posix()[: -len(".glue.json")]
+        for name, output in json.loads(path.read_text()).items():
+            values[(page, name)] = output.get("data", {}).get(mime)
     return values
 
 

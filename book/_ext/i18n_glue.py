@@ -10,6 +10,7 @@ non-text values are pasted as they are. Nothing happens in the English build.
 
 from __future__ import annotations
 
+import re
 from ast import literal_eval
 from pathlib import Path
 
@@ -45,7 +46,9 @@ def _install(app: Sphinx) -> None:
             value = literal_eval(plain) if plain is not None else None
         except (ValueError, SyntaxError):
             value = None
-        if isinstance(value, str) and nodes_out and any(c.isalpha() and c.isascii() for c in value):
+        # Text with a word in it (two letters in a row; tools/i18n.py's glue_texts uses the same rule): "4.7e-03"
+        # or "h = 4" is pasted as it is.
+        if isinstance(value, str) and nodes_out and re.search(r"[A-Za-z]{2}", value):
             if value in translations:
                 text = translations[value]
                 nodes_out[0].children = []
