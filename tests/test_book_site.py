@@ -245,11 +245,49 @@ def test_every_paragraph_has_a_current_translation():
 
 
 _PASTED = re.compile(r'<span class="pasted-text">(.*?)</span>', re.S)
-_OUTPUT = re.compile(r'<div class="output (?:text_plain|text_html|stream)[^"]*"[^>]*>(.*?)</div>\s*</div>', re.S)
+class _CellOutputs(HTMLParser):
+    """The visible text of every cell output (``div.output`` of kind text_plain, text_html or stream), whole: an
+    output may hold nested elements, so the parser follows the nesting to its closing tag."""
+
+    KINDS = {"text_plain", "text_html", "stream"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.outputs, self._depth, self._skip, self._text = [], 0, 0, []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("style", "script"):
+            self._skip += 1
+        if tag != "div":
+            return
+        if self._depth:
+            self._depth += 1
+        elif {"output"} <= set(classes := (dict(attrs).get("class") or "").split()) and self.KINDS & set(classes):
+            self._depth, self._text = 1, []
+
+    def handle_endtag(self, tag):
+        if tag in ("style", "script"):
+            self._skip -= 1
+        if tag == "div" and self._depth:
+            self._depth -= 1
+            if not self._depth:
+                self.outputs.append(" ".join("".join(self._text).split()))
+
+    def handle_data(self, data):
+        if self._depth and not self._skip:
+            self._text.append(data)
+
+
+def _cell_outputs(html: str) -> Counter:
+    parser = _CellOutputs()
+    parser.feed(html)
+    return Counter(parser.outputs)
 _NUMBER = re.compile(r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")  # "1,234" is one number; "1, 2" two
 
 
 def _text(html: str) -> str:
+    """The visible text (a styled table's CSS carries random ids, so style and script are dropped)."""
+    html = re.sub(r"<(style|script)\b.*?</\1>", "", html, flags=re.S)
     return unescape(re.sub(r"<[^>]+>", "", html)).strip()
 
 
@@ -263,6 +301,8 @@ def _twins():
             continue
         if 'http-equiv="Refresh"' in page.read_text(encoding="utf-8", errors="replace")[:2000]:
             continue
+        if not any((HTML / "_sources" / rel).with_suffix(suffix).exists() for suffix in (".md", ".ipynb")):
+            continue  # a generated page (an index of the proof domain), not a page of the book
         pairs.append((page, ZH / rel))
     return pairs
 
@@ -304,7 +344,7 @@ def test_numbers_on_each_chinese_page_equal_its_english_twin(build):
             html = path.read_text(encoding="utf-8")
             pasted = [_text(m) for m in _PASTED.findall(html)]
             found[edition] = (Counter(n for value in pasted for n in _NUMBER.findall(value)),
-                              Counter(_text(m) for m in _OUTPUT.findall(html)))
+                              _cell_outputs(html))
         (en_numbers, en_outputs), (zh_numbers, zh_outputs) = found["en"], found["zh"]
         if en_numbers != zh_numbers:
             missing, extra = en_numbers - zh_numbers, zh_numbers - en_numbers
