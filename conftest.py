@@ -6,6 +6,7 @@ whose front matter has a Jupyter ``kernelspec`` (a jupytext text notebook), read
 
 from __future__ import annotations
 
+import os
 import types
 
 import jupytext
@@ -18,6 +19,16 @@ def _is_text_notebook(path) -> bool:
     text = path.read_text(encoding="utf-8")
     return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
 
+
+# Triton reads TRITON_INTERPRET when triton.language is first imported, and torch may import triton on its own (its
+# FLOP counter and compiler probe for it), long before tests/test_kernels.py runs in the same worker. Without CUDA the
+# kernels can only run interpreted, so the whole session runs with the interpreter selected, set before any test
+# module is imported. (With CUDA this is left alone and the kernels compile.)
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 # Executed notebooks that sweeps leave under experiments/<chapter>/<sweep>/runs/ are outputs, not notebooks to test.
 collect_ignore_glob = ["experiments/*/*/runs/*"]

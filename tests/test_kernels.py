@@ -1,12 +1,11 @@
 """Tests for ``mha.kernels``: the Triton FlashAttention forward and backward against the float64 NumPy reference.
 
 Where the kernels run. With CUDA, the compiled kernels run on the GPU. Without it (this project's CI), they run on
-CPU tensors through Triton's interpreter. Triton reads ``TRITON_INTERPRET`` when a kernel is *defined*, that is
-when triton and ``mha.kernels`` are first imported, and again lazily while interpreting. So the module-scoped
-fixture ``kernels`` sets the variable, imports ``mha.kernels`` (this file is the only test file that imports it),
-and restores the variable when this module's tests are done: no other test file runs with it set, and nothing is
-set at import (collection) time. (If ``mha.kernels`` was already imported without the interpreter, the CPU tests
-skip and say why.)
+CPU tensors through Triton's interpreter. Triton reads ``TRITON_INTERPRET`` when ``triton.language`` is first
+imported, and torch may import triton by itself (its FLOP counter and compiler probe for it) in another test of the
+same worker; so the root ``conftest.py`` selects the interpreter for the whole session when there is no CUDA, before
+any test module is imported. The module-scoped fixture ``kernels`` imports ``mha.kernels`` (this file is the only
+test file that does) and, if it was imported without the interpreter anyway, skips the CPU tests and says why.
 
 Every case class of the kernel's contract is compared, forward and dq/dk/dv, with
 ``mha.reference.scaled_dot_product_attention`` and ``scaled_dot_product_attention_grad`` in float64: odd lengths,
