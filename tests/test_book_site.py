@@ -391,3 +391,20 @@ def test_chinese_text_renders_with_real_glyphs(server, browser):
             f"({r['distinct']} distinct bitmaps for {r['chars']} characters, {r['asMissing']} drawn as the "
             f"missing-glyph box): install a CJK font, e.g. `apt-get install fonts-noto-cjk` (.ci/run does)")
     assert results["zh/book/part1/multi_head.html"]["lang"] == "zh-CN"
+
+
+@pytest.mark.book
+def test_each_edition_has_its_own_search_index_with_its_own_words(build):
+    """Sphinx writes one search index per build; the Chinese one must index Chinese words (split by jieba), or a
+    search for 注意力 on a Chinese page finds nothing."""
+    import json
+
+    def terms(index: Path) -> dict:
+        text = index.read_text(encoding="utf-8")
+        return json.loads(text[text.index("(") + 1: text.rindex(")")])["terms"]
+
+    english, chinese = terms(HTML / "searchindex.js"), terms(ZH / "searchindex.js")
+    assert "attent" in english or "attention" in english, "the English search index lacks 'attention'"
+    missing = [word for word in ("注意力", "多头", "缓存") if word not in chinese]
+    assert not missing, (f"the Chinese search index lacks {missing}: install jieba (the book extra has it), then "
+                         f"rebuild the Chinese edition")
