@@ -27,3 +27,16 @@ def test_glue_roles_are_localised_for_a_translated_paragraph():
     assert i18n.localise_glue(text, "book/part1/multi_head") == (
         "共 {glue:text}`multi_head.md::n_heads:s` 个头，误差 {glue:text}`multi_head.md::err:.1e`，"
         "已写 {glue:text}`multi_head.md::x:d`")
+
+
+def test_glued_text_measured_at_build_time_keeps_its_translation_when_only_its_numbers_change():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from i18n_glue import translate
+
+    translations = {"at least 2 timed blocks": "至少计时 2 个块", "grew": "增加了",
+                    "3.9 nats apart, 2 runs": "相距 3.9 奈特，2 次运行", "1 and 1": "1 与 1"}
+    assert translate("grew", translations) == "增加了"
+    assert translate("at least 13 timed blocks", translations) == "至少计时 13 个块"
+    assert translate("4.25 nats apart, 7 runs", translations) == "相距 4.25 奈特，7 次运行"
+    assert translate("shrank", translations) is None  # other words: no translation, the build says so
+    assert translate("2 and 3", translations) is None  # "1 and 1" repeats a number: no unambiguous mapping

@@ -173,17 +173,20 @@ def update() -> None:
 
 
 def _update_glue_catalog(texts: dict) -> None:
-    """glue.po holds one entry per glued English text a paragraph pastes; translations already there are kept."""
+    """glue.po holds one entry per glued English text a paragraph pastes. Translations already there are kept even
+    when the current build did not paste their text: a value measured at build time (a timing's verdict) may take
+    another of its possible texts on another machine, and each of those texts is translated in advance."""
     from babel.messages.catalog import Catalog
     from babel.messages.pofile import read_po, write_po
 
     old = {}
     if GLUE_CATALOG.exists():
         with open(GLUE_CATALOG, "rb") as f:
-            old = {m.id: m.string for m in read_po(f) if m.id}
+            old = {m.id: m for m in read_po(f) if m.id}
     catalog = Catalog(locale=LANGUAGE, project="Multi-Head Attention, Derived: glued text")
-    for text, where in sorted(texts.items()):
-        catalog.add(text, old.get(text, ""), auto_comments=where)
+    for text in sorted(set(texts) | {t for t, m in old.items() if m.string}):
+        where = texts.get(text) or list(old[text].auto_comments)
+        catalog.add(text, old[text].string if text in old else "", auto_comments=where)
     with open(GLUE_CATALOG, "wb") as f:
         write_po(f, catalog, width=120)
 
@@ -200,6 +203,10 @@ def stage_catalogs() -> Path:
     if GLUE_CATALOG.exists():
         with open(GLUE_CATALOG, "rb") as f:
             translations = {m.id: m.string for m in read_po(f) if m.id and m.string}
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from i18n_glue import translate
+
+    untranslated = []
     staged = BUILD / "i18n-locales"
     shutil.rmtree(staged, ignore_errors=True)
     for path in sorted(CATALOGS.rglob("*.po")):
@@ -218,13 +225,22 @@ def stage_catalogs() -> Path:
             value = markdown.get((page, match["key"]))
             if value is None:  # not in the cache: left as it is, and the build says so
                 return match[0]
-            return translations.get(value, value)
+            if not re.search(r"[A-Za-z]{2}", re.sub(r"\$[^$]*\$|`[^`]*`", "", value)):
+                return value  # a formula or a number: nothing to translate
+            chinese = translate(value, translations)
+            if chinese is None:
+                untranslated.append(f"{page}::{match['key']}: {value[:100]!r}")
+                return value
+            return chinese
 
         for message in catalog:
             if message.id and message.string:
                 message.string = GLUE_ROLE.sub(inline, message.string)
         with open(target, "wb") as f:
             write_po(f, catalog, width=120)
+    if untranslated:
+        raise SystemExit("glued Markdown without a translation in glue.po (run python tools/i18n.py update and "
+                         "translate it):\n" + "\n".join(untranslated))
     return staged
 
 

@@ -31,6 +31,26 @@ def _load(app: Sphinx) -> dict:
     return {}
 
 
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def translate(value: str, translations: dict) -> str | None:
+    """The translation of a glued text: its own entry, or else the entry of a text that differs from it only in its
+    numbers ("at least 3 timed blocks" from "at least 2 timed blocks"), with the numbers carried over in order. A
+    value measured at build time keeps its words and changes its numbers from machine to machine."""
+    if value in translations:
+        return translations[value]
+    shape = NUMBER.sub("#", value)
+    for english, chinese in translations.items():
+        if NUMBER.sub("#", english) == shape:
+            old = NUMBER.findall(english)
+            if len(set(old)) != len(old) or any(chinese.count(n) != 1 for n in old):
+                continue  # a number repeated, or not found once in the translation: no unambiguous mapping
+            new = dict(zip(old, NUMBER.findall(value)))
+            return NUMBER.sub(lambda m: new.get(m.group(0), m.group(0)), chinese)
+    return None
+
+
 def _install(app: Sphinx) -> None:
     if not app.config.language or app.config.language.startswith("en"):
         return
@@ -49,8 +69,8 @@ def _install(app: Sphinx) -> None:
         # Text with a word in it (two letters in a row; tools/i18n.py's glue_texts uses the same rule): "4.7e-03"
         # or "h = 4" is pasted as it is.
         if isinstance(value, str) and nodes_out and re.search(r"[A-Za-z]{2}", value):
-            if value in translations:
-                text = translations[value]
+            text = translate(value, translations)
+            if text is not None:
                 nodes_out[0].children = []
                 nodes_out[0] += crossref.nodes.Text(text)
             else:
