@@ -107,15 +107,13 @@ def localise_glue(text: str, page: str, english: str | None = None) -> str:
     (myst-nb splits the format off at the last colon, so ``file::key`` alone would lose its key; ``s``, myst-nb's
     own default, prints the value as the English page does). The role's kind (text, md) is the English one's."""
     file = Path(page).name + ".md"
-    kinds = {m["key"]: m["kind"] for m in GLUE_ROLE.finditer(english or "")}
+    english_roles = {m["key"]: m for m in GLUE_ROLE.finditer(english or "")}
 
     def rewrite(match):
-        kind = kinds.get(match["key"], match["kind"])
-        if kind == "md":  # inlined from the execution cache at build time (see stage_catalogs)
-            fmt = match["fmt"] if match["kind"] == "md" else next(
-                (m["fmt"] for m in GLUE_ROLE.finditer(english) if m["key"] == match["key"]), None)
-            return f"{{glue:md}}`{file}::{match['key']}{fmt or ''}`"
-        return f"{{glue:{kind}}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
+        source = english_roles.get(match["key"], match)
+        if source["kind"] == "md":  # inlined from the execution cache at build time (see stage_catalogs)
+            return f"{{glue:md}}`{file}::{match['key']}{source['fmt'] or ''}`"
+        return f"{{glue:{source['kind']}}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
 
     return GLUE_ROLE.sub(rewrite, text)
 
