@@ -39,9 +39,11 @@ def dummy_notebook(tmp_path_factory):
     params.metadata["tags"] = ["parameters"]
     body = nbformat.v4.new_code_cell(
         "import json, os, pathlib\n"
+        "from ipykernel.connect import get_connection_file\n"
         "if fail:\n    raise RuntimeError('asked to fail')\n"
         "metrics = {'val_loss': x / 2, 'history': [1, 2], 'omp': os.environ.get('OMP_NUM_THREADS'),\n"
-        "           'threads': threads, 'pid': os.getpid()}\n"
+        "           'threads': threads, 'pid': os.getpid(),\n"
+        "           'transport': json.loads(pathlib.Path(get_connection_file()).read_text())['transport']}\n"
         "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
     nb.cells = [params, body]
     path = tmp_path_factory.mktemp("nb") / "dummy.ipynb"
@@ -148,6 +150,9 @@ def test_parallel_jobs_and_thread_environment(dummy_notebook, tmp_path):
     rows = run_sweep(config, out=tmp_path / "out", jobs=2, progress=False)
     assert [(r["x"], r["status"], r["val_loss"]) for r in rows] == [("1", "ok", "0.5"), ("3", "ok", "1.5")]
     assert all(r["omp"] == "1" and r["threads"] == "1" for r in rows)
+    # kernels started side by side talk over sockets in private folders: TCP ports picked by two processes at
+    # once can collide ("Address already in use"), which failed this test in CI once
+    assert all(r["transport"] == "ipc" for r in rows)
     assert "history" not in rows[0]  # only scalar metrics become columns
 
 

@@ -55,6 +55,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -290,6 +291,20 @@ def _call_study(study: str, parameters: dict, out_dir: str, artifacts_dir: str) 
     run_study(study, parameters, out_dir=out_dir, artifacts_dir=artifacts_dir)
 
 
+@contextlib.contextmanager
+def _private_kernel_sockets():
+    """Kernel configuration that talks over Unix sockets in a fresh private folder (removed afterwards).
+
+    With the default TCP transport each kernel manager picks free ports by asking the OS and letting them go;
+    two runs started at once in separate processes can pick the same port, and one kernel then fails to start
+    ("Address already in use"). Sockets in a folder of its own cannot collide with anyone's.
+    """
+    from traitlets.config import Config
+
+    with tempfile.TemporaryDirectory(prefix="mha-kernel-") as folder:
+        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "kernel")}})
+
+
 def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook", kernel: str = "python3") -> dict:
     """Execute one run; return ``{"status": "ok" | "failed", "error": ..., **scalar metrics}``.
 
@@ -323,9 +338,10 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
                     parameters = {**run.parameters, "out_dir": str(out_dir)}
                     if "artifacts_dir" in sweep.defaults:
                         parameters["artifacts_dir"] = str(artifacts)
-                papermill.execute_notebook(
-                    str(sweep.notebook), str(runs_dir / f"{run.run_id}.ipynb"), parameters=parameters,
-                    kernel_name=kernel, progress_bar=False, cwd=str(sweep.notebook.parent))
+                with _private_kernel_sockets() as config:
+                    papermill.execute_notebook(
+                        str(sweep.notebook), str(runs_dir / f"{run.run_id}.ipynb"), parameters=parameters,
+                        kernel_name=kernel, progress_bar=False, cwd=str(sweep.notebook.parent), config=config)
         if not metrics_path.is_file():
             raise FileNotFoundError(f"the run finished but wrote no {metrics_path}")
         metrics = json.loads(metrics_path.read_text())
