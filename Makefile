@@ -67,7 +67,7 @@ translations: install
 
 # The test workers run side by side (-n $(JOBS)), so each keeps to one torch thread.
 test: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests book experiments --nbval-lax -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests book experiments --nbval-lax -n $(JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not book" -n $(JOBS) $(PYTEST_ARGS)

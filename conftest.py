@@ -54,3 +54,10 @@ def pytest_collect_file(file_path, parent):
     if {"_build", ".venv", "node_modules"} & set(file_path.parts) or not _is_text_notebook(file_path):
         return None
     return MystNotebook.from_parent(parent, path=file_path)
+
+
+# The book-site tests build the whole book (every chapter executed, both editions): by far the longest file. Run it
+# first, so that under `-n 2 --dist loadfile --no-loadscope-reorder` (make test) one worker starts the build at once
+# while the other takes every other file, instead of the build starting half-way through and running on alone.
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_book_site.py")  # stable: order kept
