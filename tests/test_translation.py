@@ -40,3 +40,12 @@ def test_glued_text_measured_at_build_time_keeps_its_translation_when_only_its_n
     assert translate("4.25 nats apart, 7 runs", translations) == "相距 4.25 奈特，7 次运行"
     assert translate("shrank", translations) is None  # other words: no translation, the build says so
     assert translate("2 and 3", translations) is None  # "1 and 1" repeats a number: no unambiguous mapping
+
+
+def test_only_glued_text_with_words_needs_a_translation():
+    # the rule both the Chinese build (which translates) and tools/i18n.py (which lists for glue.po) apply
+    assert i18n.has_words("grew") and i18n.has_words("at least 2 timed blocks")
+    assert not i18n.has_words("4.7e-03") and not i18n.has_words("h = 4") and not i18n.has_words("")
+    assert i18n.has_words("$d_k$ grows", markdown=True)
+    assert not i18n.has_words("$d_k = 16$, `n_heads`", markdown=True)  # math and code are pasted as they are
+    assert i18n.has_words("$d_k = 16$, `n_heads`")  # as plain text, the letters count

@@ -43,6 +43,9 @@ CACHE = BUILD / ".jupyter_cache"  # the English build's execution cache (jupyter
 EXECUTED = BUILD / "jupyter_execute"  # the English build's executed notebooks, one per page
 GLUE_CATALOG = CATALOGS / "glue.po"
 
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+from i18n_glue import has_words, translate  # noqa: E402 - the build's own rules: which glued texts, and how
+
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
 NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
                                   r"\\[A-Za-z]+|[A-Za-z](?![A-Za-z]))*$", re.S)
@@ -134,10 +137,10 @@ def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
             value = ast.literal_eval(plain)
         except (ValueError, SyntaxError):
             continue
-        if isinstance(value, str) and re.search(r"[A-Za-z]{2}", value):
+        if isinstance(value, str) and has_words(value):
             texts.setdefault(value, []).append(f"{page}::{key}")
     for (page, key), value in (markdown or {}).items():
-        if (page, key) in used_md and value and re.search(r"[A-Za-z]{2}", re.sub(r"\$[^$]*\$|`[^`]*`", "", value)):
+        if (page, key) in used_md and value and has_words(value, markdown=True):
             texts.setdefault(value, []).append(f"{page}::{key} (markdown)")
     return texts
 
@@ -201,8 +204,6 @@ def stage_catalogs() -> Path:
     if GLUE_CATALOG.exists():
         with open(GLUE_CATALOG, "rb") as f:
             translations = {m.id: m.string for m in read_po(f) if m.id and m.string}
-    sys.path.insert(0, str(ROOT / "book" / "_ext"))
-    from i18n_glue import translate
 
     untranslated = []
     staged = BUILD / "i18n-locales"
@@ -223,7 +224,7 @@ def stage_catalogs() -> Path:
             value = markdown.get((page, match["key"]))
             if value is None:  # not in the cache: left as it is, and the build says so
                 return match[0]
-            if not re.search(r"[A-Za-z]{2}", re.sub(r"\$[^$]*\$|`[^`]*`", "", value)):
+            if not has_words(value, markdown=True):
                 return value  # a formula or a number: nothing to translate
             chinese = translate(value, translations)
             if chinese is None:

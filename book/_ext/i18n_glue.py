@@ -31,6 +31,17 @@ def _load(app: Sphinx) -> dict:
     return {}
 
 
+WORD = re.compile(r"[A-Za-z]{2}")
+MATH_OR_CODE = re.compile(r"\$[^$]*\$|`[^`]*`")
+
+
+def has_words(text: str, markdown: bool = False) -> bool:
+    """Whether a glued text needs a translation: it has a word in it (two letters in a row), outside math and code
+    when it is Markdown. "4.7e-03", "h = 4" or "$d_k = 16$" is pasted as it is. tools/i18n.py uses the same rule to
+    list the texts glue.po must translate."""
+    return bool(WORD.search(MATH_OR_CODE.sub("", text) if markdown else text))
+
+
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
@@ -66,9 +77,7 @@ def _install(app: Sphinx) -> None:
             value = literal_eval(plain) if plain is not None else None
         except (ValueError, SyntaxError):
             value = None
-        # Text with a word in it (two letters in a row; tools/i18n.py's glue_texts uses the same rule): "4.7e-03"
-        # or "h = 4" is pasted as it is.
-        if isinstance(value, str) and nodes_out and re.search(r"[A-Za-z]{2}", value):
+        if isinstance(value, str) and nodes_out and has_words(value):
             text = translate(value, translations)
             if text is not None:
                 nodes_out[0].children = []
