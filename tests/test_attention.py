@@ -145,6 +145,22 @@ def test_matches_torch_multihead_attention(impl, bias, case):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_sdpa_path_runs_the_fused_kernel_exactly_when_no_weights_are_asked_for(impl, monkeypatch):
+    """impl="sdpa" calls F.scaled_dot_product_attention once per forward with need_weights=False; asking for the
+    weights (the default, as in torch.nn.MultiheadAttention) takes the naive path, and impl="naive" never calls it.
+    A benchmark or check of the sdpa path that forgets need_weights=False measures the naive path instead."""
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, x = make(impl=impl), torch.randn(2, 5, 16, dtype=F64)
+    m(x, need_weights=False)
+    assert len(calls) == (1 if impl == "sdpa" else 0)
+    m(x)
+    m(x, need_weights=True)
+    assert len(calls) == (1 if impl == "sdpa" else 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_explicit_boolean_causal_mask_equals_is_causal(impl):
     m = make(impl=impl)
     x = randn(2, 5, 16)
