@@ -6,10 +6,15 @@ whose front matter has a Jupyter ``kernelspec`` (a jupytext text notebook), read
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import types
 
 import jupytext
+from jupyter_client.manager import KernelManager
+from nbval import kernel as nbval_kernel
 from nbval import plugin
 
 
@@ -29,6 +34,22 @@ if "TRITON_INTERPRET" not in os.environ:
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+
+# nbval starts one Jupyter kernel per notebook. With jupyter_client's default TCP transport a kernel manager picks free
+# ports by asking the OS and letting them go, so kernels started at the same moment in two xdist workers (or beside the
+# book build's kernels) can pick the same port and one fails to start ("Address already in use"). nbval's kernels talk
+# over Unix sockets in a private folder each instead, which cannot collide (the sweeps do the same,
+# mha.experiments.sweep._private_kernel_sockets).
+class _PrivateSocketKernelManager(KernelManager):
+    def __init__(self, **kwargs):
+        folder = tempfile.mkdtemp(prefix="mha-nbval-kernel-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        kwargs.setdefault("transport", "ipc")
+        kwargs.setdefault("ip", os.path.join(folder, "kernel"))
+        super().__init__(**kwargs)
+
+
+nbval_kernel.KernelManager = _PrivateSocketKernelManager
 
 # Executed notebooks that sweeps leave under experiments/<chapter>/<sweep>/runs/ are outputs, not notebooks to test.
 collect_ignore_glob = ["experiments/*/*/runs/*"]
