@@ -53,12 +53,13 @@ def dummy_notebook(tmp_path_factory):
 
 BASE = {"task": "two_offset", "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1, "batch_size": 4,
         "warmup_steps": 1, "lr": 1e-3}
-GRID = {"task_kwargs": [{}, {"block_size": 2}], "seed": [0]}  # block_size 2 < offset 3: the task refuses, at run time
+HUGE = 2 ** 40  # a d_model no machine has the memory for: every setting checks, and the run fails at run time
+GRID = {"d_model": [32, HUGE], "seed": [0]}
 
 
 @pytest.fixture(scope="module")
 def train_sweep(tmp_path_factory):
-    """The train study through its notebook, two runs: the first trains; the second's task refuses its settings."""
+    """The train study through its notebook, two runs: the first trains; the second runs out of memory."""
     folder = tmp_path_factory.mktemp("train_sweep")  # outside the repository: the package's checkout has the template
     config = write_sweep(folder, "train", BASE, GRID, name="train")
     rows = run_sweep(config, out=folder / "out", progress=False)
@@ -72,6 +73,8 @@ def test_train_sweep_rows_and_columns(train_sweep):
     assert list(table[0])[:len(REQUIRED_COLUMNS)] == REQUIRED_COLUMNS
     ok, failed = table
     assert (ok["task_kwargs"], ok["status"], ok["error"]) == ("{}", "ok", "")
+    assert ok["study"] == "train" and json.loads(ok["config"])["mlp_ratio"] == 4  # what the run used, defaults too
+    assert list(ok)[-1] == "checksum" and len(ok["checksum"]) == 16
     assert float(ok["val_loss"]) > 0 and 0 <= float(ok["val_acc"]) <= 1
     assert ok["task"] == "two_offset" and ok["steps"] == "4" and ok["d_model"] == "32" and ok["seed"] == "0"
     assert ok["n_kv_heads"] == "2" and ok["head_dim"] == "16"  # resolved by the model
@@ -81,8 +84,8 @@ def test_train_sweep_rows_and_columns(train_sweep):
     assert ok["device_name"] and ok["num_threads"] == "1" and ok["cpu_model"]  # the machine, in every row
     assert ok["beta2"] == "0.95" and ok["bias"] == "True"  # every setting, default or not
     assert len(ok["git_commit"]) == 40
-    assert failed["status"] == "failed" and failed["task_kwargs"] == '{"block_size": 2}'
-    assert "ValueError" in failed["error"] and "block_size" in failed["error"] and failed["val_loss"] == ""
+    assert failed["status"] == "failed" and failed["d_model"] == str(HUGE)
+    assert "RuntimeError" in failed["error"] and "allocate" in failed["error"] and failed["val_loss"] == ""
     for row in table:
         assert (out / "runs" / f"{row['run_id']}.ipynb").is_file()
     assert json.loads((out / "runs" / ok["run_id"] / "metrics.json").read_text())["val_loss"] == pytest.approx(
@@ -92,12 +95,12 @@ def test_train_sweep_rows_and_columns(train_sweep):
 def test_run_ids_are_stable_hashes(train_sweep, tmp_path):
     config, _, rows = train_sweep
     spec = yaml.safe_load(config.read_text())
-    for row, task_kwargs in zip(rows, GRID["task_kwargs"]):
-        parameters = {**spec["base"], "task_kwargs": task_kwargs, "seed": 0}
+    for row, d_model in zip(rows, GRID["d_model"]):
+        parameters = {**spec["base"], "d_model": d_model, "seed": 0}
         canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"))
         assert row["run_id"] == hashlib.sha256(canonical.encode()).hexdigest()[:12]
     reordered = write_sweep(tmp_path, "train", dict(reversed(list(spec["base"].items()))),
-                            {"seed": [0], "task_kwargs": GRID["task_kwargs"]}, name="train")
+                            {"seed": [0], "d_model": GRID["d_model"]}, name="train")
     assert sorted(r.run_id for r in load_sweep(reordered).runs()) == sorted(r["run_id"] for r in rows)
     assert len({r["run_id"] for r in rows}) == 2
 
@@ -131,18 +134,22 @@ def test_rerun_skips_finished_and_kill_loses_nothing(train_sweep, monkeypatch):
 
 
 def test_results_add_is_atomic_and_deduplicates(tmp_path):
+    a, b = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
     results = Results(tmp_path / "results.csv", tmp_path / "runs" / ".lock")
-    results.add({"run_id": "a", "status": "ok", "val_loss": 1.0, "extra": [1, 2]}, order=["b", "a"])
-    results.add({"run_id": "b", "status": "failed", "error": "boom"}, order=["b", "a"])
-    results.add({"run_id": "a", "status": "ok", "val_loss": 0.5, "n_kv_heads": None}, order=["b", "a"])
+    results.add({"run_id": a, "status": "ok", "val_loss": 1.0, "extra": [1, 2]}, order=[b, a])
+    results.add({"run_id": b, "status": "failed", "error": "boom"}, order=[b, a])
+    results.add({"run_id": a, "status": "ok", "val_loss": 0.5, "n_kv_heads": None}, order=[b, a])
     table = read_csv(tmp_path / "results.csv")
-    assert [(r["run_id"], r["status"]) for r in table] == [("b", "failed"), ("a", "ok")]
+    assert [(r["run_id"], r["status"]) for r in table] == [(b, "failed"), (a, "ok")]
     assert table[1]["val_loss"] == "0.5" and table[1]["extra"] == "" and table[1]["n_kv_heads"] == ""
     assert list(table[0])[:len(REQUIRED_COLUMNS)] == REQUIRED_COLUMNS and "extra" in table[0]
+    assert list(table[0])[-1] == "checksum"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "runs"]  # no temporary file left
-    with open(tmp_path / "results.csv", "a", newline="") as f:  # a duplicate row appended by hand
-        f.write("a,,failed" + "," * (len(table[0]) - 3) + "\n")
-    assert [(r["run_id"], r["status"]) for r in results.read()] == [("b", "failed"), ("a", "failed")]
+    with open(tmp_path / "results.csv", "a", newline="") as f:  # a duplicate row appended by hand: no checksum
+        f.write(a + ",,failed" + "," * (len(table[0]) - 3) + "\n")
+    rows, bad = results.read_checked()
+    assert [(r["run_id"], r["status"]) for r in rows] == [(b, "failed"), (a, "ok")]
+    assert [(x.line, x.run_id) for x in bad] == [(4, a)] and "no checksum" in bad[0].reason
 
 
 def test_parallel_jobs_and_thread_environment(dummy_notebook, tmp_path):

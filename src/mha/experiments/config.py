@@ -83,17 +83,31 @@ class RunConfig:
         if unknown:
             raise ValueError(f"{name}.task_kwargs has key(s) {unknown} that task {self.task!r} does not take; its "
                              f"arguments are {tasks.task_arguments(self.task)} (seed comes from {name}.seed)")
+        try:  # the task's arguments' values too (building a synthetic task is cheap; Shakespeare reads no data)
+            tasks.check_task(self.task, **self.task_kwargs_with_seed())
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name}.task_kwargs: task {self.task!r}: {error}") from None
         head_shape(self.d_model, self.n_heads, self.n_kv_heads, self.head_dim)
         check_choice(f"{name}.attn_impl", self.attn_impl, ATTN_IMPLS)
+        from mha.experiments.machine import resolve_device  # the syntax; whether it exists is checked at run time
+
+        try:
+            resolve_device(self.device)
+        except ValueError as error:
+            raise ValueError(f"{name}.device: {error}") from None
         check_float(f"{name}.dropout", self.dropout, minimum=0.0, maximum=1.0, max_inclusive=False)
         self.train_config()  # TrainConfig checks the training fields (warmup <= steps, min_lr <= lr, ...)
 
     # ----------------------------------------------------------------------------------------- building blocks
+    def task_kwargs_with_seed(self) -> dict:
+        """The task's keyword arguments: ``task_kwargs`` and the seed."""
+        return {**self.task_kwargs, "seed": self.seed}
+
     def make_task(self):
         """The task (seeded by ``seed``)."""
         from mha.experiments.tasks import make_task
 
-        return make_task(self.task, seed=self.seed, **self.task_kwargs)
+        return make_task(self.task, **self.task_kwargs_with_seed())
 
     def model_config(self, task):
         """The :class:`TransformerConfig` for ``task`` (its vocab_size and block_size)."""
@@ -222,10 +236,8 @@ class ShakespeareRun(RunConfig):
         super()._check_values()
         check_float(f"{name}.sample_temperature", self.sample_temperature, minimum=0.0, min_inclusive=False)
 
-    def make_task(self):
-        from mha.experiments.tasks import make_task
-
-        return make_task("shakespeare", block_size=self.block_size, seed=self.seed, **self.task_kwargs)
+    def task_kwargs_with_seed(self) -> dict:
+        return {**self.task_kwargs, "block_size": self.block_size, "seed": self.seed}
 
 
 STUDY_CONFIGS = {cls.study: cls for cls in (TrainRun, HeadsRun, DynamicsRun, ShakespeareRun)}

@@ -47,6 +47,21 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
                          f"{device!r}") from error
 
 
+def device_problem(device: str | torch.device) -> str | None:
+    """None when this machine can run on ``device`` ("auto" always can); otherwise why not, in words."""
+    device = resolve_device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available here (torch.cuda.is_available() is False)"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0"
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available here (torch.backends.mps.is_available() is False)"
+    elif device.type not in ("cpu", "cuda", "mps"):
+        return f"the package runs on 'cpu', 'cuda' or 'mps' devices, not {device.type!r}"
+    return None
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (Linux), else what ``platform`` knows, else "unknown"."""
     try:

@@ -24,7 +24,6 @@ plateau, qualitatively. This command measures how much.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import sys
@@ -40,7 +39,7 @@ ENVIRONMENT = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ON
 """Environment variables that change which kernels run; the report records those that were set."""
 
 NOT_COMPARED = {
-    "run_id", "sweep", "status", "error", "git_commit",  # bookkeeping
+    "run_id", "sweep", "status", "error", "git_commit", "checksum",  # bookkeeping
     "tokens_per_s", "wall_s", "train_wall_s", "total_wall_s", "analysis_s", "decode_s_per_token",
     "load_average_1min", "cpu_count",  # timings and load
     "device", "device_name", "cpu_model", "cpu_id", "cpu_capability", "num_threads", "threads", "torch_version",
@@ -76,8 +75,13 @@ def compare_rows(reference: dict, rerun: dict) -> list[dict]:
 
 
 def _rows(path: Path) -> dict:
-    with open(path, newline="") as f:
-        return {row["run_id"]: row for row in csv.DictReader(f)}
+    """The rows of a results.csv by run_id; a row that does not parse (cut short, edited) is refused."""
+    from mha.experiments.sweep import Results
+
+    rows, bad = Results(path, path.parent / "runs" / ".lock").read_checked()
+    if bad:
+        raise ValueError(f"{path}, line {bad[0].line} (run {bad[0].run_id}): {bad[0].reason}")
+    return {row["run_id"]: row for row in rows}
 
 
 def reproduce(sweeps=None, runs=None, per_sweep: int = 1, out="_build/reproduce", executor: str = "notebook",

@@ -8,6 +8,9 @@ regenerates it, so that a figure can say beside itself how to remake it.
 
 from __future__ import annotations
 
+import csv
+import functools
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -56,13 +59,18 @@ class SweepResults:
     folder: Path  # its results folder (results.csv, artifacts/)
     root: Path  # the repository root (for relative paths in commands)
 
+    @functools.cached_property
+    def sweep(self):
+        """The sweep file, loaded and checked once (:func:`mha.experiments.sweep.load_sweep`)."""
+        from mha.experiments.sweep import load_sweep
+
+        return load_sweep(self.sweep_file)
+
     @property
     def command(self) -> str:
         """The command that regenerates this sweep's results (from the repository root), with the sweep file's
         ``jobs`` (runs in parallel; the wall-time sweeps leave it at 1, one run at a time)."""
-        from mha.experiments.sweep import load_sweep
-
-        jobs = load_sweep(self.sweep_file).jobs
+        jobs = self.sweep.jobs
         return f"python -m mha.sweep {self.sweep_file.relative_to(self.root)}" + (f" --jobs {jobs}" if jobs > 1 else "")
 
     @property
@@ -72,19 +80,37 @@ class SweepResults:
     @property
     def run_ids(self) -> list[str]:
         """The run_ids the sweep file defines, in the grid's order."""
-        from mha.experiments.sweep import load_sweep
-
-        return [run.run_id for run in load_sweep(self.sweep_file).runs()]
+        return [run.run_id for run in self.sweep.runs()]
 
     def table(self, ok_only: bool = True, complete: bool = True):
         """results.csv as a pandas DataFrame: only the runs that finished (``ok_only``), only the runs the sweep file
-        defines now, in its order. With ``complete`` (the default) every one of them must be there and finished,
-        else FileNotFoundError saying how many are missing and the command that makes them; setting the
-        environment variable ``MHA_ALLOW_PARTIAL=1`` relaxes this while a sweep is still running."""
+        defines now, in its order, and only rows the runner can vouch for. A row that does not parse (cut short,
+        edited: its checksum fails) or a finished row made with another study or configuration than the sweep file
+        and the code give now raises ValueError naming the runs and the command that remakes them. With
+        ``complete`` (the default) every run must be there and finished, else FileNotFoundError saying how many are
+        missing and the command that makes them; setting the environment variable ``MHA_ALLOW_PARTIAL=1`` relaxes
+        this (not the trust) while a sweep is still running."""
         import pandas as pd
 
-        table = pd.read_csv(self.csv_path)
+        from mha.experiments.sweep import Results, plan
+
+        results = Results(self.csv_path, self.folder / "runs" / ".lock")
+        state = plan(self.sweep, results, self.sweep.runs())
         expected = self.run_ids
+        bad = [row for row in state["bad"] if row.run_id in expected]
+        if bad or state["changed"]:
+            lines = [f"line {row.line} (run {row.run_id}): {row.reason}" for row in bad]
+            lines += [f"run {run.run_id}: {difference}" for run, difference in state["changed"]]
+            raise ValueError(f"sweep {self.name!r}: {len(lines)} row(s) of {self.csv_path} cannot be trusted:\n  "
+                             + "\n  ".join(lines[:10]) + f"\nrun {self.command} --rerun-changed")
+        rows = results.read()
+        buffer = io.StringIO()
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        buffer.seek(0)
+        table = pd.read_csv(buffer)  # the same types as reading the file itself
         table = table[table["run_id"].isin(expected)]
         if ok_only:
             table = table[table["status"] == "ok"]

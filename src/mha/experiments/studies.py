@@ -54,9 +54,12 @@ def _finish(metrics: dict, out_dir, artifacts: dict, artifacts_path, compact: bo
 
 
 def _record_machine(metrics: dict, config: RunConfig, device: torch.device) -> dict:
-    """Add the machine (CPU model or GPU name, thread count, versions) and the run's threads to ``metrics``."""
+    """Add the machine (CPU model or GPU name, thread count, versions), the run's threads, and what the run used: its
+    study and complete configuration (the sweep runner checks them against what it asked for)."""
     metrics.update(machine_info(device))
     metrics["threads"] = config.threads
+    metrics["study"] = config.study
+    metrics["config"] = config.to_dict()
     return metrics
 
 

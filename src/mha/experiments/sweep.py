@@ -32,12 +32,21 @@ same numbers. Each run uses ``threads`` CPU threads (default 1: one run per core
 reruns, key order and machines), ``sweep``, ``status`` ("ok" or "failed"), ``error``, every setting (its effective
 value: the configuration's default where the sweep does not set it), the run's scalar metrics (val_loss, val_acc,
 tokens_per_s, wall_s, params, kv_cache_bytes, device, device_name (the GPU, or the CPU model), num_threads,
-torch_version, and any extra such as decode_s_per_token; a metric wins over a setting of the same name) and
-``git_commit`` (HEAD of the repository when the sweep started). A rerun skips the runs whose row says "ok"; a run
-that raises is recorded as "failed" with its error and the sweep goes on. Each row is written as its run finishes:
-the whole table goes to a temporary file that ``os.replace`` puts in place, under a file lock, de-duplicated by
-run_id (the latest row wins). Killing the runner at any moment therefore loses no recorded run and never duplicates
-one (the run in progress is redone).
+torch_version, and any extra such as decode_s_per_token; a metric wins over a setting of the same name),
+``git_commit`` (HEAD of the repository when the sweep started), ``study`` and ``config`` (the study, and the complete
+configuration the run reported it used, defaults included, as JSON) and, last, ``checksum`` (a hash of the row's
+other cells).
+
+The runner trusts a row only when it can vouch for it. A row that does not parse (cut short, edited by hand: its
+checksum does not match) is reported and its run redone, never carried along. A finished row whose study or
+configuration is not what the sweep file and the code give now (another ``study:`` writing to the same folder, a
+default changed in the code) stops the sweep before any run starts, with a message that says what changed;
+``--rerun-changed`` reruns those runs instead. A rerun skips the runs whose row is trusted and says "ok"; a run that
+raises is recorded as "failed" with its error and the sweep goes on. Each row is written as its run finishes: the
+whole table goes to a temporary file that ``os.replace`` puts in place, under a file lock, de-duplicated by run_id
+(the latest row wins). Killing the runner at any moment therefore loses no recorded run and never duplicates one
+(the run in progress is redone), and the processes it started end with it. One runner works on a sweep's folder at
+a time: a second one stops at once, naming the first one's pid.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import argparse
 import ast
 import contextlib
 import csv
+import ctypes
 import fcntl
 import hashlib
 import itertools
@@ -53,33 +63,47 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
-from mha._checks import check_choice, check_int
+from mha._checks import check_bool, check_choice, check_int
 
 __all__ = ["Sweep", "Run", "load_sweep", "run_id", "execute_run", "Results", "run_sweep", "output_dir", "main",
-           "REQUIRED_COLUMNS", "EXECUTORS"]
+           "REQUIRED_COLUMNS", "EXECUTORS", "ChangedRunsError", "SweepBusyError", "canonical_config", "plan",
+           "trust", "device_problems", "row_checksum"]
 
 REQUIRED_COLUMNS = ["run_id", "sweep", "status", "error", "task", "n_layers", "d_model", "n_heads", "n_kv_heads",
                     "head_dim", "seed", "steps", "val_loss", "val_acc", "tokens_per_s", "wall_s", "params",
                     "kv_cache_bytes", "device", "device_name", "threads", "torch_version", "git_commit"]
+RECORD_COLUMNS = ["study", "config"]  # what the run used: its study and its complete configuration (JSON)
+CHECKSUM = "checksum"  # the last column: a hash of the row's other cells
 RUNNER_PARAMETERS = ("out_dir", "artifacts_dir")  # set by the runner for every run, never by a sweep
 SWEEP_KEYS = {"name", "study", "notebook", "base", "grid", "jobs"}
 EXECUTORS = ("notebook", "function")
 NOTEBOOKS = Path("experiments") / "notebooks"  # the studies' templates, relative to the repository root
+RUN_ID = re.compile(r"[0-9a-f]{12}")
+
+
+class ChangedRunsError(ValueError):
+    """Finished rows of results.csv were made with another study or configuration than the sweep gives now."""
+
+
+class SweepBusyError(RuntimeError):
+    """Another runner is working on the same sweep folder."""
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML SafeLoader that also reads ``1e-3`` as a float (PyYAML's YAML 1.1 needs ``1.0e-3``)."""
+    """YAML SafeLoader that reads ``1e-3`` as a float (PyYAML's YAML 1.1 needs ``1.0e-3``) and refuses a key given
+    twice in one mapping (PyYAML keeps the last one silently)."""
 
 
 _Loader.add_implicit_resolver(
@@ -92,16 +116,38 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _mapping_without_duplicates(loader, node):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"found key {key!r} a second time (first on line {seen[key].line + 1}); each key may appear once",
+                key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def run_id(parameters: dict) -> str:
     """12 hex digits of the sha256 of the parameters as canonical JSON (sorted keys): same parameters, same id."""
     canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+def canonical_config(config: dict) -> str:
+    """A configuration as canonical JSON (sorted keys, no spaces): the ``config`` column, compared as text."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+
+
 @dataclass
 class Run:
     run_id: str  # stable hash of ``parameters``
     parameters: dict  # base + this grid point (what the sweep sets)
+    config: dict = field(default_factory=dict)  # every setting the run uses, defaults included (resolved once)
 
 
 @dataclass
@@ -114,30 +160,42 @@ class Sweep:
     defaults: dict  # a plain notebook's parameters and their default values ({} for a study)
     path: Path  # the YAML file
     jobs: int = 1  # runs in parallel unless the command line says otherwise
+    _runs: list = field(default=None, repr=False)  # the runs, resolved once by load_sweep
 
     def runs(self) -> list[Run]:
-        """Every grid point, in the grid's order (the last parameter varies fastest)."""
-        keys = list(self.grid)
-        runs = []
-        for values in itertools.product(*(self.grid[key] for key in keys)):
-            parameters = {**self.base, **dict(zip(keys, values))}
-            runs.append(Run(run_id(parameters), parameters))
-        return runs
+        """Every grid point, in the grid's order (the last parameter varies fastest), with its configuration."""
+        if self._runs is None:
+            keys = list(self.grid)
+            runs = []
+            for values in itertools.product(*(self.grid[key] for key in keys)):
+                parameters = {**self.base, **dict(zip(keys, values))}
+                runs.append(Run(run_id(parameters), parameters, self._resolve(parameters)))
+            self._runs = runs
+        return self._runs
 
-    def effective(self, run: Run) -> dict:
-        """Every setting of the run with its value (the default where the sweep sets none): the row's columns."""
+    def _resolve(self, parameters: dict) -> dict:
+        """Every setting of a run with its value (the default where the sweep sets none)."""
         if self.study is None:
-            effective = {**self.defaults, **run.parameters}
+            effective = {**self.defaults, **parameters}
             for name in RUNNER_PARAMETERS:
                 effective.pop(name, None)
             return effective
         from mha.experiments.config import make_config
 
-        return make_config(self.study, run.parameters).to_dict()
+        return make_config(self.study, parameters).to_dict()
+
+    def effective(self, run: Run) -> dict:
+        """Every setting of the run with its value (the default where the sweep sets none): the row's columns."""
+        return run.config
+
+    @property
+    def label(self) -> str:
+        """What the ``study`` column records: the study's name, or ``notebook:<file name>`` for a notebook sweep."""
+        return self.study if self.study is not None else f"notebook:{self.notebook.name}"
 
     def threads(self, run: Run) -> int:
         """CPU threads of one run (the setting ``threads``; default 1)."""
-        return self.effective(run).get("threads", 1)
+        return run.config.get("threads", 1)
 
     def command(self) -> str:
         """The command that (re)makes this sweep's results, relative to the repository root when inside one."""
@@ -195,20 +253,30 @@ def _study_notebook(path: Path, study: str) -> Path | None:
     return None
 
 
+def _read_yaml(path: Path):
+    """The sweep file's content; a YAML error names the file, the line and the column (as a ValueError)."""
+    with open(path) as stream:  # a named stream: PyYAML's messages then say 'in "<path>", line L, column C'
+        try:
+            return yaml.load(stream, Loader=_Loader)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path} is not a valid sweep file:\n{error}") from None
+
+
 def load_sweep(config_path: str | os.PathLike) -> Sweep:
     """Read and check a sweep file and every run it makes; an error names the file, the key and the run."""
     path = Path(config_path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist")
-    spec = yaml.load(path.read_text(), Loader=_Loader)
+    spec = _read_yaml(path)
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: a sweep file is a mapping with keys {sorted(SWEEP_KEYS)}, got {type(spec).__name__}")
     unknown = sorted(set(spec) - SWEEP_KEYS)
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; expected {sorted(SWEEP_KEYS)}")
     name = spec.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise ValueError(f"{path}: 'name' must be a non-empty string of letters, digits, '_', '.', '-', got {name!r}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"{path}: 'name' names the results folder: a string of letters, digits, '_', '.' and '-' "
+                         f"that starts with a letter or a digit, got {name!r}")
     base, grid = spec.get("base") or {}, spec.get("grid") or {}
     if not isinstance(base, dict):
         raise ValueError(f"{path}: 'base' must be a mapping parameter -> value, got {type(base).__name__}")
@@ -232,31 +300,49 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
         if study not in STUDY_CONFIGS:
             raise ValueError(f"{path}: study must be one of {sorted(STUDY_CONFIGS)}, got {study!r}")
         sweep = Sweep(name, study, _study_notebook(path, study), base, grid, {}, path, jobs)
-        for run in sweep.runs():  # every run's settings are checked now, not when the run starts
-            try:
-                sweep.effective(run)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"{path}: run {run.run_id} ({_describe_parameters(run.parameters, grid)}): "
-                                  f"{error}") from None
-        return sweep
-
-    if not isinstance(notebook, str):
-        raise ValueError(f"{path}: 'notebook' must be a path (relative to the sweep file or the repository root)")
-    found = _find(path, notebook)
-    if found is None:
-        raise ValueError(f"{path}: notebook {notebook!r} not found beside the sweep file or under the repository root")
-    defaults = _notebook_defaults(found)
-    if "out_dir" not in defaults:
-        raise ValueError(f"{found}: its parameters cell (tagged 'parameters') must define out_dir")
-    unknown = sorted((set(base) | set(grid)) - set(defaults))
-    if unknown:
-        raise ValueError(f"{path}: parameters {unknown} are not parameters of {found.name}; its parameters are "
-                         f"{sorted(defaults)}")
-    return Sweep(name, None, found, base, grid, defaults, path, jobs)
+    else:
+        if not isinstance(notebook, str):
+            raise ValueError(f"{path}: 'notebook' must be a path (relative to the sweep file or the repository root)")
+        found = _find(path, notebook)
+        if found is None:
+            raise ValueError(f"{path}: notebook {notebook!r} not found beside the sweep file or under the repository "
+                             f"root")
+        defaults = _notebook_defaults(found)
+        if "out_dir" not in defaults:
+            raise ValueError(f"{found}: its parameters cell (tagged 'parameters') must define out_dir")
+        unknown = sorted((set(base) | set(grid)) - set(defaults))
+        if unknown:
+            raise ValueError(f"{path}: parameters {unknown} are not parameters of {found.name}; its parameters are "
+                             f"{sorted(defaults)}")
+        sweep = Sweep(name, None, found, base, grid, defaults, path, jobs)
+    _check_runs(sweep)
+    return sweep
 
 
-def _describe_parameters(parameters: dict, grid: dict) -> str:
-    return ", ".join(f"{k}={parameters[k]!r}" for k in grid) or "base"
+def _check_runs(sweep: Sweep) -> None:
+    """Every run's settings are checked now, not when the run starts; two grid points that make the same run (a
+    value listed twice, or 1 and 1.0) are refused."""
+    keys, points = list(sweep.grid), itertools.product(*sweep.grid.values())
+    seen = {}
+    runs = []
+    for values in points:
+        parameters = {**sweep.base, **dict(zip(keys, values))}
+        try:
+            config = sweep._resolve(parameters)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{sweep.path}: run {run_id(parameters)} ({_describe_parameters(parameters, keys)}): "
+                              f"{error}") from None
+        text = canonical_config(config)
+        if text in seen:
+            raise ValueError(f"{sweep.path}: the grid points ({_describe_parameters(seen[text], keys)}) and "
+                             f"({_describe_parameters(parameters, keys)}) make the same run; list each value once")
+        seen[text] = parameters
+        runs.append(Run(run_id(parameters), parameters, config))
+    sweep._runs = runs
+
+
+def _describe_parameters(parameters: dict, keys) -> str:
+    return ", ".join(f"{k}={parameters[k]!r}" for k in keys) or "base"
 
 
 # ------------------------------------------------------------------------------------------------------- one run
@@ -284,6 +370,26 @@ def _thread_environment(threads: int):
                 os.environ[name] = value
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """In a worker process: end (SIGKILL) when the process that started it ends, even killed with SIGKILL.
+
+    Linux's ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing. If the parent is already gone, exit now. A kernel that a
+    worker starts (papermill) notices its parent's end itself (ipykernel watches its parent's pid).
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _worker_pool(max_workers: int) -> ProcessPoolExecutor:
+    """A pool of fresh (spawned) processes that end with this one."""
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_die_with_parent, initargs=(os.getpid(),))
+
+
 def _call_study(study: str, parameters: dict, out_dir: str, artifacts_dir: str) -> None:
     """In a fresh process: the study's function (torch is imported here, after the thread variables are set)."""
     from mha.experiments.studies import run_study
@@ -308,7 +414,9 @@ def _private_kernel_sockets():
 def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook", kernel: str = "python3") -> dict:
     """Execute one run; return ``{"status": "ok" | "failed", "error": ..., **scalar metrics}``.
 
-    Never raises for a failure inside the run (or a missing metrics.json): that is a "failed" result.
+    Never raises for a failure inside the run (or a missing metrics.json): that is a "failed" result. A study's run
+    reports the configuration it used (``metrics.json``'s ``config``); a run that used another one than the runner
+    asked for (a stale template, say) is "failed" too.
     """
     runs_dir = Path(runs_dir)
     out_dir = runs_dir / run.run_id
@@ -322,8 +430,7 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
             if executor == "function":
                 if sweep.study is None:
                     raise ValueError("--executor function needs a sweep with a 'study'")
-                context = multiprocessing.get_context("spawn")  # a fresh process: torch starts with these threads
-                with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                with _worker_pool(1) as pool:  # a fresh process: torch starts with these threads
                     pool.submit(_call_study, sweep.study, run.parameters, str(out_dir), str(artifacts)).result()
             else:
                 import papermill
@@ -345,10 +452,32 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
         if not metrics_path.is_file():
             raise FileNotFoundError(f"the run finished but wrote no {metrics_path}")
         metrics = json.loads(metrics_path.read_text())
+        if sweep.study is not None:
+            used = (metrics.get("study"), metrics.get("config"))
+            if used[0] != sweep.study or used[1] is None or canonical_config(used[1]) != canonical_config(run.config):
+                raise RuntimeError(f"the run reports study {used[0]!r} with another configuration than the one it "
+                                   f"was asked to run ({_config_difference(used[1], run.config)}); is its "
+                                   f"template {sweep.notebook} out of date?")
     except Exception as error:  # noqa: BLE001 - any failure of the run is recorded, and the sweep goes on
         return {"status": "failed", "error": _describe(error)}
-    scalars = {k: v for k, v in metrics.items() if v is None or isinstance(v, (bool, int, float, str))}
+    scalars = {k: v for k, v in metrics.items()
+               if k not in RECORD_COLUMNS and (v is None or isinstance(v, (bool, int, float, str)))}
     return {"status": "ok", "error": "", **scalars}
+
+
+def _config_difference(recorded, now: dict) -> str:
+    """The settings whose values differ between a recorded configuration and the current one, in words."""
+    if not isinstance(recorded, dict):
+        return "no configuration recorded"
+    changes = []
+    for key in sorted(set(recorded) | set(now)):
+        if key not in now:
+            changes.append(f"{key} = {recorded[key]!r} is no longer a setting")
+        elif key not in recorded:
+            changes.append(f"{key} is a new setting (now {now[key]!r})")
+        elif canonical_config(recorded[key]) != canonical_config(now[key]):
+            changes.append(f"{key}: {recorded[key]!r} then, {now[key]!r} now")
+    return "; ".join(changes) or "the same settings"
 
 
 # ------------------------------------------------------------------------------------------------ results.csv
@@ -360,20 +489,74 @@ def _cell(value) -> str:
     return str(value)
 
 
+def row_checksum(row: dict) -> str:
+    """16 hex digits of the sha256 of the row's non-empty cells (the checksum column left out) as canonical JSON:
+    independent of the column order and of columns that other rows added."""
+    cells = {k: v for k, v in row.items() if k != CHECKSUM and v not in ("", None)}
+    return hashlib.sha256(json.dumps(cells, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class BadRow:
+    line: int  # line of results.csv where the row starts
+    run_id: str  # its run_id cell, as read ("" if none)
+    reason: str  # why it cannot be trusted
+
+
 class Results:
-    """``results.csv``: read it, and add a row atomically (temporary file + ``os.replace``, under a file lock)."""
+    """``results.csv``: read it (refusing rows that do not parse), and add a row atomically (temporary file +
+    ``os.replace``, under a file lock)."""
 
     def __init__(self, path: str | os.PathLike, lock_path: str | os.PathLike):
         self.path = Path(path)
         self.lock_path = Path(lock_path)
 
     def read(self) -> list[dict]:
-        """The rows (all values as strings), one per run_id: the latest row of a run_id wins."""
+        """The rows that parse (all values as strings), one per run_id: the latest row of a run_id wins."""
+        return self.read_checked()[0]
+
+    def read_checked(self) -> tuple[list[dict], list[BadRow]]:
+        """``(rows, bad)``: the rows that parse, one per run_id (the latest wins), and the rows that do not, with
+        the reason: a row cut short or with cells too many, a status other than ok/failed, a run_id that is not 12
+        hex digits, a checksum that does not match its cells (edited, or cut at a cell's boundary)."""
         if not self.path.exists():
-            return []
+            return [], []
+        rows, bad = {}, []
         with open(self.path, newline="") as f:
-            rows = {row["run_id"]: row for row in csv.DictReader(f)}
-        return list(rows.values())
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                return [], []
+            if header[:len(REQUIRED_COLUMNS[:3])] != REQUIRED_COLUMNS[:3] or len(set(header)) != len(header):
+                raise ValueError(f"{self.path}: the first line is not a results.csv header (it must start with "
+                                 f"{REQUIRED_COLUMNS[:3]} and name each column once), got {header[:5]}...; restore "
+                                 f"the file (git checkout) or move it away")
+            end = reader.line_num  # the last line read so far
+            for cells in reader:
+                start, end = end + 1, reader.line_num  # a row may span lines (a quoted newline)
+                if not cells:
+                    continue
+                row = dict(zip(header, cells))
+                reason = self._problem(header, cells, row)
+                if reason:
+                    bad.append(BadRow(start, cells[0], reason))
+                else:
+                    rows[row["run_id"]] = row
+        return list(rows.values()), bad
+
+    @staticmethod
+    def _problem(header: list, cells: list, row: dict) -> str | None:
+        if len(cells) != len(header):
+            return f"it has {len(cells)} cells where the header has {len(header)} (cut short, or edited)"
+        if not RUN_ID.fullmatch(row["run_id"]):
+            return f"its run_id {row['run_id']!r} is not 12 hex digits"
+        if row["status"] not in ("ok", "failed"):
+            return f"its status {row['status']!r} is neither 'ok' nor 'failed'"
+        if CHECKSUM not in row or not row[CHECKSUM]:
+            return "it has no checksum (made by an older runner, or cut short)"
+        if row[CHECKSUM] != row_checksum(row):
+            return "its checksum does not match its cells (edited by hand, or cut short)"
+        return None
 
     @contextlib.contextmanager
     def _lock(self):
@@ -386,24 +569,46 @@ class Results:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def add(self, row: dict, order: list[str] = ()) -> None:
-        """Replace (or add) the row of ``row["run_id"]``; rows are kept in ``order`` (run_ids), others last."""
-        row = {key: _cell(value) for key, value in row.items()}
+        """Replace (or add) the row of ``row["run_id"]``, with its checksum; rows are kept in ``order`` (run_ids),
+        others last. Rows that do not parse are dropped (the runner reported them and redoes their runs)."""
+        row = {key: _cell(value) for key, value in row.items() if key != CHECKSUM}
+        row[CHECKSUM] = row_checksum(row)
         with self._lock():
             rows = [r for r in self.read() if r["run_id"] != row["run_id"]] + [row]
-            rank = {rid: i for i, rid in enumerate(order)}
-            rows.sort(key=lambda r: rank.get(r["run_id"], len(rank)))  # stable: unknown run_ids keep their order
-            columns = list(REQUIRED_COLUMNS)
-            for r in rows:
-                columns += [key for key in r if key not in columns]
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            with open(partial, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=columns, restval="")
-                writer.writeheader()
-                writer.writerows(rows)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(partial, self.path)
+            self.write(rows, order)
+
+    def write(self, rows: list[dict], order: list[str] = ()) -> None:
+        """Write ``rows`` (each with its checksum) as the whole table, atomically; call under the lock."""
+        rank = {rid: i for i, rid in enumerate(order)}
+        rows = sorted(rows, key=lambda r: rank.get(r["run_id"], len(rank)))  # stable: unknown run_ids keep order
+        columns = list(REQUIRED_COLUMNS)
+        for r in rows:
+            columns += [key for key in r if key not in columns and key != CHECKSUM]
+        columns.append(CHECKSUM)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(partial, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, self.path)
+
+
+def trust(sweep: Sweep, run: Run, row: dict) -> str | None:
+    """None when ``row`` records exactly the study and configuration ``run`` has now; otherwise what differs."""
+    if not row.get("study") or not row.get("config"):
+        return "the row records no study and configuration (made before runs recorded them)"
+    if row["study"] != sweep.label:
+        return f"made by study {row['study']!r}, the sweep now runs {sweep.label!r}"
+    if row["config"] != canonical_config(run.config):
+        try:
+            recorded = json.loads(row["config"])
+        except ValueError:
+            return "its recorded configuration is not valid JSON"
+        return _config_difference(recorded, run.config)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------------ runner
@@ -437,23 +642,89 @@ def output_dir(sweep: Sweep, out: str | os.PathLike | None = None) -> Path:
     return (sweep.path.parent / sweep.name).resolve()
 
 
+@contextlib.contextmanager
+def _one_runner(out: Path):
+    """Hold ``out/runs/.runner`` locked while this runner works (the lock ends with the process, however it ends);
+    a second runner on the same folder gets SweepBusyError naming the first one's pid."""
+    path = out / "runs" / ".runner"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip() or "unknown"
+            raise SweepBusyError(f"another runner is working on this sweep (pid {pid}, results in {out}); wait for it "
+                                 f"to finish, or stop it (kill {pid}) and run again") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def device_problems(sweep: Sweep, runs: list[Run]) -> list[str]:
+    """Each device the runs ask for that this machine does not have, and why (a study sweep's ``device``)."""
+    from mha.experiments.machine import device_problem
+
+    devices = sorted({run.config["device"] for run in runs if sweep.study is not None and "device" in run.config})
+    problems = [(device, device_problem(device)) for device in devices]
+    return [f"runs ask for device {device!r}, but {problem}" for device, problem in problems if problem]
+
+
+def plan(sweep: Sweep, results: Results, runs: list[Run]) -> dict:
+    """What a rerun must do: ``{"finished": set of run_ids, "changed": [(run, what differs)], "bad": [BadRow]}``."""
+    rows, bad = results.read_checked()
+    by_id = {row["run_id"]: row for row in rows}
+    finished, changed = set(), []
+    for run in runs:
+        row = by_id.get(run.run_id)
+        if row is None or row["status"] != "ok":
+            continue
+        difference = trust(sweep, run, row)
+        if difference is None:
+            finished.add(run.run_id)
+        else:
+            changed.append((run, difference))
+    return {"finished": finished, "changed": changed, "bad": bad}
+
+
+def _changed_message(sweep: Sweep, csv_path: Path, changed: list, total: int) -> str:
+    keys = list(sweep.grid)
+    shown = "\n".join(f"  run {run.run_id} ({_describe_parameters(run.parameters, keys)}): {difference}"
+                      for run, difference in changed[:10])
+    more = f"\n  ... and {len(changed) - 10} more" if len(changed) > 10 else ""
+    return (f"{sweep.path}: {len(changed)} of {total} finished runs in {csv_path} were made with another study or "
+            f"configuration than the one the sweep file and the code give now, so their results do not describe "
+            f"these runs:\n{shown}{more}\nRerun them with --rerun-changed (their rows are replaced), or restore the "
+            f"sweep file or the code that made them.")
+
+
 def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = None, jobs: int | None = None,
               launcher: str = "local", cluster: str = "slurm", dry_run: bool = False, kernel: str = "python3",
               timeout_min: int = 60, progress: bool = True, executor: str = "notebook",
-              only: list[str] | None = None) -> list[dict]:
+              only: list[str] | None = None, rerun_changed: bool = False) -> list[dict]:
     """Run (or, with ``dry_run``, list) the sweep's unfinished runs; return the sweep's rows of results.csv.
 
     ``out`` defaults to :func:`output_dir`. ``jobs`` defaults to the sweep file's ``jobs`` (else 1).
-    ``launcher="local"`` runs in this process (jobs=1) or in a pool of ``jobs`` processes; ``"submitit"`` submits each run as a job through ``submitit.AutoExecutor(folder,
-    cluster=cluster)`` (``cluster``: "slurm", or "local"/"debug" to try it on one machine), ``jobs`` at a time, each
-    limited to ``timeout_min`` minutes. ``executor``: "notebook" (papermill) or "function" (the study's function in
-    a fresh process). ``only``: run_ids to run (others are left as they are). With ``dry_run`` nothing runs: the rows
-    returned are the planned runs, with status "ok" for finished ones and "todo" for the others.
+    ``launcher="local"`` runs in this process (jobs=1) or in a pool of ``jobs`` processes; ``"submitit"`` submits
+    each run as a job through ``submitit.AutoExecutor(folder, cluster=cluster)`` (``cluster``: "slurm", or
+    "local"/"debug" to try it on one machine), ``jobs`` at a time, each limited to ``timeout_min`` minutes.
+    ``executor``: "notebook" (papermill) or "function" (the study's function in a fresh process). ``only``: run_ids
+    to run (others are left as they are). Finished rows whose study or configuration differ from the sweep's now
+    raise :class:`ChangedRunsError` before anything runs, unless ``rerun_changed``. Another runner on the same
+    folder raises :class:`SweepBusyError`. With ``dry_run`` nothing runs: the rows returned are the planned runs,
+    with status "ok" (finished and trusted), "changed" (finished with another configuration; ``reason`` says
+    which) or "todo".
     """
     sweep = load_sweep(config_path)
     jobs = sweep.jobs if jobs is None else check_int("jobs", jobs)
     check_choice("launcher", launcher, ("local", "submitit"))
     check_choice("executor", executor, EXECUTORS)
+    check_bool("rerun_changed", rerun_changed)
     out = output_dir(sweep, out)
     results = Results(out / "results.csv", out / "runs" / ".lock")
     runs = sweep.runs()
@@ -463,13 +734,38 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
             raise ValueError(f"only: run_ids {unknown} are not runs of {sweep.path.name} (see --dry-run)")
         runs = [run for run in runs if run.run_id in set(only)]
     order = [run.run_id for run in sweep.runs()]
-    finished = {row["run_id"] for row in results.read() if row["status"] == "ok"}
-    todo = [run for run in runs if run.run_id not in finished]
 
     if dry_run:
-        return [{"run_id": run.run_id, "sweep": sweep.name, "status": "ok" if run.run_id in finished else "todo",
-                 **{k: _cell(v) for k, v in run.parameters.items()}} for run in runs]
+        state = plan(sweep, results, runs)
+        changed = dict((run.run_id, difference) for run, difference in state["changed"])
+        return [{"run_id": run.run_id, "sweep": sweep.name,
+                 "status": "ok" if run.run_id in state["finished"] else "changed" if run.run_id in changed else "todo",
+                 "reason": changed.get(run.run_id, ""), **{k: _cell(v) for k, v in run.parameters.items()}}
+                for run in runs]
 
+    with _one_runner(out):
+        state = plan(sweep, results, runs)
+        for bad in state["bad"]:
+            print(f"{results.path}, line {bad.line} (run {bad.run_id or '?'}): not trusted, {bad.reason}; the row "
+                  f"is dropped and its run redone", file=sys.stderr)
+        if state["changed"] and not rerun_changed:
+            raise ChangedRunsError(_changed_message(sweep, results.path, state["changed"],
+                                                    len(state["finished"]) + len(state["changed"])))
+        todo = [run for run in runs if run.run_id not in state["finished"]]
+        problems = device_problems(sweep, todo)
+        if problems:  # before any run starts
+            raise ValueError(f"{sweep.path}: {'; '.join(problems)}; run this sweep on a machine that has it, or "
+                             f"change 'device' in the sweep file")
+        if state["bad"]:  # never carried along: the table is written again without them now
+            with results._lock():
+                results.write(results.read(), order)
+        _execute(sweep, todo, results, order, out, jobs, launcher, cluster, kernel, timeout_min, progress, executor)
+    wanted = {run.run_id for run in runs}
+    return [row for row in results.read() if row["run_id"] in wanted]
+
+
+def _execute(sweep, todo, results, order, out, jobs, launcher, cluster, kernel, timeout_min, progress, executor):
+    """Execute ``todo`` and record each run's row as it finishes."""
     commit = _git_commit((sweep.notebook or Path(__file__)).parent)  # the code that runs: the notebook's checkout
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -481,8 +777,8 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
     counts = {"ok": 0, "failed": 0}
 
     def record(run, result):
-        results.add({"run_id": run.run_id, "sweep": sweep.name, **sweep.effective(run), **result,
-                     "git_commit": commit}, order)
+        results.add({"run_id": run.run_id, "sweep": sweep.name, **run.config, **result, "git_commit": commit,
+                     "study": sweep.label, "config": canonical_config(run.config)}, order)
         counts[result["status"]] += 1
         bar.set_postfix(counts)
         bar.update()
@@ -495,7 +791,7 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
             for run in todo:
                 record(run, execute_run(*call(run)))
         else:
-            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            pool = _worker_pool(jobs)
             try:
                 futures = {pool.submit(execute_run, *call(run)): run for run in todo}
                 for future in as_completed(futures):
@@ -504,8 +800,6 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
                 pool.shutdown(wait=True, cancel_futures=True)
     finally:
         bar.close()
-    wanted = {run.run_id for run in runs}
-    return [row for row in results.read() if row["run_id"] in wanted]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,14 +814,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default="slurm", help="submitit cluster: slurm (default), local or debug")
     parser.add_argument("--timeout-min", type=int, default=60, help="submitit: time limit of one run (minutes)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are done; run none")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="rerun the finished runs whose recorded study or configuration differ from the sweep's "
+                             "now (otherwise the sweep stops and lists them)")
     args = parser.parse_args(argv)
-    rows = run_sweep(args.config, out=args.out, jobs=args.jobs, launcher=args.launcher, cluster=args.cluster,
-                     dry_run=args.dry_run, timeout_min=args.timeout_min, executor=args.executor, only=args.only)
+    try:
+        rows = run_sweep(args.config, out=args.out, jobs=args.jobs, launcher=args.launcher, cluster=args.cluster,
+                         dry_run=args.dry_run, timeout_min=args.timeout_min, executor=args.executor, only=args.only,
+                         rerun_changed=args.rerun_changed)
+    except (ChangedRunsError, SweepBusyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for row in rows:
-            params = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("run_id", "sweep", "status"))
-            print(f"{row['run_id']}  {row['status']:4}  {params}")
-        print(f"{sum(r['status'] == 'todo' for r in rows)} of {len(rows)} runs to do")
+            params = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("run_id", "sweep", "status", "reason"))
+            reason = f"  [{row['reason']}]" if row["reason"] else ""
+            print(f"{row['run_id']}  {row['status']:7}  {params}{reason}")
+        planned = load_sweep(args.config)
+        for problem in device_problems(planned, planned.runs()):
+            print(f"note: {problem}: a run here would stop before starting")
+        todo = sum(r["status"] == "todo" for r in rows)
+        changed = sum(r["status"] == "changed" for r in rows)
+        print(f"{todo} of {len(rows)} runs to do" + (f"; {changed} finished with another configuration "
+                                                     f"(--rerun-changed reruns them)" if changed else ""))
         return 0
     failed = [row for row in rows if row["status"] != "ok"]
     for row in failed:

@@ -24,7 +24,7 @@ from mha._checks import check_choice, check_int, check_type
 from mha.experiments.data import load_tinyshakespeare
 
 __all__ = ["Task", "AssociativeRecall", "RepeatedSequence", "VaryingPeriodRepeat", "TwoOffsetLookup", "Shakespeare",
-           "make_task", "task_arguments", "periods_of", "accuracy", "IGNORE", "TASKS"]
+           "make_task", "check_task", "task_arguments", "periods_of", "accuracy", "IGNORE", "TASKS"]
 
 IGNORE = -100  # target id of an unscored position (F.cross_entropy's default ignore_index)
 SPLITS = ("train", "val")
@@ -272,8 +272,8 @@ class Shakespeare(Task):
     has_accuracy = False
 
     def __init__(self, block_size: int = 64, data_dir: str | os.PathLike | None = None, seed: int = 0):
+        self.check_arguments(block_size, data_dir, seed)
         super().__init__(seed)
-        check_int("block_size", block_size)
         text = load_tinyshakespeare(data_dir)
         self.chars = sorted(set(text))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
@@ -283,6 +283,14 @@ class Shakespeare(Task):
         n_train = int(0.9 * len(data))
         self.data = {"train": data[:n_train], "val": data[n_train:]}
         self._kwargs = dict(block_size=block_size, seed=seed)
+
+    @staticmethod
+    def check_arguments(block_size: int = 64, data_dir: str | os.PathLike | None = None, seed: int = 0) -> None:
+        """The constructor's checks, without reading the text."""
+        check_int("block_size", block_size)
+        check_int("seed", seed, minimum=0)
+        if data_dir is not None:
+            check_type("data_dir", data_dir, (str, os.PathLike), "a folder (str or os.PathLike) or None")
 
     def encode(self, text: str) -> list[int]:
         return [self.stoi[c] for c in text]
@@ -307,6 +315,20 @@ def task_arguments(name: str) -> list[str]:
     """The keyword arguments task ``name`` takes (besides ``seed``), e.g. for checking a sweep's task_kwargs."""
     check_choice("task", name, sorted(TASKS))
     return [p for p in inspect.signature(TASKS[name].__init__).parameters if p not in ("self", "seed")]
+
+
+def check_task(name: str, **kwargs) -> None:
+    """Raise what :func:`make_task` would raise for these arguments, without reading any data: a synthetic task is
+    built (its constructor only checks), Tiny Shakespeare only checks its arguments."""
+    check_choice("task", name, sorted(TASKS))
+    if name == Shakespeare.name:
+        unknown = sorted(set(kwargs) - set(task_arguments(name)) - {"seed"})
+        if unknown:
+            raise TypeError(f"task {name!r} takes no argument(s) {unknown}; its arguments are "
+                            f"{task_arguments(name) + ['seed']}")
+        Shakespeare.check_arguments(**kwargs)
+    else:
+        make_task(name, **kwargs)
 
 
 def make_task(name: str, **kwargs) -> Task:
