@@ -11,7 +11,7 @@ Book: part II, 'Counting everything' (and 'Autoregressive decoding and the KV ca
 
 from __future__ import annotations
 
-from mha._checks import check_int, head_shape
+from mha._checks import check_bool, check_int, head_shape
 
 __all__ = [
     "param_count", "flops", "matmul_flops", "decode_step_flops", "FlopCount", "kv_cache_bytes",
@@ -33,8 +33,7 @@ def param_count(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True):
     For MHA with head_dim = d / h this is ``4 d^2 (+ 4 d)``. Equals ``sum(p.numel())`` of the torch module.
     """
     d, h, g, hd = head_shape(d_model, n_heads, n_kv_heads, head_dim)
-    if not isinstance(bias, bool):
-        raise TypeError(f"bias must be True or False, got {bias!r}")
+    bias = check_bool("bias", bias)
     weights = 2 * d * h * hd + 2 * d * g * hd
     biases = h * hd + 2 * g * hd + d
     return weights + (biases if bias else 0)

@@ -22,6 +22,7 @@ Book: part I, 'Scaled dot-product attention' and 'From one head to h heads'; par
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -153,7 +154,7 @@ def _check_params(params, n_heads):
         raise ValueError(
             f"params is missing key(s) {missing}; expected W_q, W_k, W_v, W_o (and optional b_q, b_k, b_v, b_o)"
         )
-    unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS))
+    unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS), key=repr)  # keys of any type
     if unknown:
         raise ValueError(f"params has unexpected key(s) {unknown}; allowed: {_WEIGHT_KEYS + _BIAS_KEYS}")
     p = {key: _as_float_array(f"params['{key}']", value) for key, value in params.items() if value is not None}
@@ -265,8 +266,42 @@ def softmax(x, axis=-1, mask=None):
     if x.ndim == 0:
         raise ValueError(f"x must have at least 1 axis, got a scalar (shape {x.shape})")
     check_int(f"axis (for x of shape {x.shape})", axis, minimum=-x.ndim, maximum=x.ndim - 1)
+    if x.shape[axis] == 0:  # an empty *batch* axis is fine: no rows, an empty result
+        raise ValueError(f"softmax over an empty axis is undefined: x has shape {x.shape} and axis {axis} has length 0")
     mask = _check_mask(mask, x.shape, "(x.shape)")
     return _masked_softmax(x, mask, axis=axis)
+
+
+def _check_softmax_output(weights, grad_weights):
+    """The checks of ``softmax_backward``: real finite arrays of one shape, with a non-empty last axis, and
+    ``weights`` a (masked) softmax output along it: entries >= 0, each row summing to 1, or to 0 (fully masked).
+
+    Those rows are exactly the outputs of a masked softmax (a row with entries > 0 summing to 1 is softmax(log A)),
+    the only points where ``A * (dA - rowsum(dA * A))`` is a gradient. The sum may be off by ``max(1e-6, n eps)``
+    (n = row length, eps of the input's float type: rounding of a float32 softmax of a long row).
+    """
+    raw = np.asarray(weights)
+    A, dA = _as_float_array("weights", raw), _as_float_array("grad_weights", grad_weights)
+    if A.ndim == 0:
+        raise ValueError(f"weights must have at least 1 axis (..., n), got a scalar (shape {A.shape})")
+    if A.shape != dA.shape:
+        raise ValueError(f"grad_weights shape {dA.shape} must equal weights shape {A.shape}")
+    if A.shape[-1] == 0:
+        raise ValueError(f"softmax over an empty axis is undefined: weights has shape {A.shape}, last axis of length 0")
+    rule = ("weights must be a softmax output along the last axis (entries >= 0, each row summing to 1, or to 0 "
+            "for a fully masked row)")
+    negative = np.argwhere(A < 0)
+    if negative.size:
+        index = tuple(int(i) for i in negative[0])
+        raise ValueError(f"{rule}, but weights[{', '.join(map(str, index))}] = {A[index]:.6g} < 0")
+    eps = np.finfo(raw.dtype if raw.dtype.kind == "f" else np.float64).eps
+    tol = max(1e-6, A.shape[-1] * float(eps))
+    sums = A.sum(axis=-1)  # (...,): one per row
+    bad = np.flatnonzero((np.abs(sums - 1.0) > tol) & (sums != 0))  # flat row numbers (sums is 0-d for 1-D A)
+    if bad.size:
+        row = tuple(int(i) for i in np.unravel_index(bad[0], sums.shape))
+        raise ValueError(f"{rule}, but weights[{', '.join(map(str, row + (':',)))}] sums to {sums[row]:.6g} "
+                         f"(rows failing: {bad.size} of {sums.size}; tolerance {tol:.3g})")
 
 
 def softmax_backward(weights, grad_weights):
@@ -274,13 +309,15 @@ def softmax_backward(weights, grad_weights):
 
     From the Jacobian ``dA_i/dS_j = A_i (delta_ij - A_j)``. ``weights`` = A (the softmax output, last axis
     normalised), ``grad_weights`` = dL/dA, same shape. Masked entries (A = 0) and all-masked rows get zero gradient.
+    The formula holds only at a softmax output, so ``weights`` is checked to be one (entries >= 0, rows summing to
+    1 or, fully masked, to 0): the scores, or weights normalised along another axis, raise ValueError instead of
+    giving a wrong gradient. TypeError for non-real data, ValueError for NaN/inf, a scalar or an empty last axis.
 
     Book: part II, 'The backward pass'.
     """
+    _check_softmax_output(weights, grad_weights)
     A = np.asarray(weights, dtype=np.float64)
     dA = np.asarray(grad_weights, dtype=np.float64)
-    if A.shape != dA.shape:
-        raise ValueError(f"grad_weights shape {dA.shape} must equal weights shape {A.shape}")
     return A * (dA - np.sum(dA * A, axis=-1, keepdims=True))
 
 
@@ -658,14 +695,29 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_caus
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _check_seed(seed):
+    """An int >= 0 (reproducible draws), None (fresh entropy) or a ``np.random.Generator`` (drawn from)."""
+    expected = "an integer >= 0, None or a numpy Generator"
+    if seed is None or isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be {expected}, got {seed!r} of type {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be {expected}, got {seed}")
+    return int(seed)
+
+
 def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, seed=0):
     """Random parameters in the dict convention: entries ~ N(0, 1/fan_in), biases ~ N(0, 0.1^2) (or absent).
 
-    ``n_kv_heads`` defaults to ``n_heads`` (MHA); ``head_dim`` to ``d_model // n_heads``. For examples and tests.
+    ``n_kv_heads`` defaults to ``n_heads`` (MHA); ``head_dim`` to ``d_model // n_heads``. ``bias`` is True or False
+    (TypeError otherwise); ``seed`` an int >= 0, None (not reproducible) or a ``np.random.Generator`` (drawn from,
+    so it advances). For examples and tests.
 
     Book: part I, 'From one head to h heads'.
     """
     d_model, n_heads, n_kv_heads, head_dim = head_shape(d_model, n_heads, n_kv_heads, head_dim)
+    bias, seed = _check_flag("bias", bias), _check_seed(seed)
     rng = np.random.default_rng(seed)
     q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
     shapes = {
