@@ -541,6 +541,23 @@ def sdpa_torch_masked_fill_minus_inf(q, k, v, mask=None, scale=None):
     return weights @ v, weights
 
 
+@bug("check_scaled_dot_product_attention", "mask_ignored")
+def sdpa_ignores_mask(q, k, v, mask=None, scale=None):
+    return _sdpa_bug(q, k, v, None, scale)  # the mask is accepted and never applied
+
+
+@bug("check_scaled_dot_product_attention", "outputs_swapped")
+def sdpa_returns_weights_first(q, k, v, mask=None, scale=None):
+    out, weights = _sdpa_bug(q, k, v, mask, scale)
+    return weights, out
+
+
+@bug("check_scaled_dot_product_attention", "outputs_swapped")
+def sdpa_torch_returns_weights_first(q, k, v, mask=None, scale=None):
+    out, weights = sdpa_torch(q, k, v, mask, scale)
+    return weights, out
+
+
 # --- split and merge heads ---------------------------------------------------------------------------------------
 
 @bug("check_split_heads", "split_no_transpose")
@@ -716,6 +733,22 @@ def mha_torch_minus_inf(x_q, x_kv, params, n_heads, mask=None):
     return out, weights
 
 
+@bug("check_multi_head_attention", "mask_ignored")
+def mha_ignores_mask(x_q, x_kv, params, n_heads, mask=None):
+    return _mha_bug(x_q, x_kv, params, n_heads)  # the mask is never passed on to the attention
+
+
+@bug("check_multi_head_attention", "mask_ignored")
+def mha_torch_ignores_mask(x_q, x_kv, params, n_heads, mask=None):
+    return mha_torch(x_q, x_kv, params, n_heads)
+
+
+@bug("check_multi_head_attention", "outputs_swapped")
+def mha_returns_weights_first(x_q, x_kv, params, n_heads, mask=None):
+    out, weights = _mha_bug(x_q, x_kv, params, n_heads, mask)
+    return weights, out
+
+
 # --- causal mask -------------------------------------------------------------------------------------------------
 
 @bug("check_causal_mask", "causal_top_left")
@@ -758,6 +791,18 @@ def causal_additive(l_q, l_kv):
     return np.where(_bottom_right(l_q, l_kv), 0.0, -np.inf)
 
 
+@bug("check_causal_mask", "causal_one_future_key")
+def causal_one_future_key(l_q, l_kv):
+    return np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q + 1)  # off by one: +1 on the diagonal
+
+
+@bug("check_causal_mask", "causal_one_future_key")
+def causal_torch_range_to_i_plus_1(l_q, l_kv):
+    """Query i sees keys j < offset + i + 2: the + 1 that turns j <= offset + i into a strict bound, added twice."""
+    offset = l_kv - l_q
+    return torch.tensor([[j < offset + i + 2 for j in range(l_kv)] for i in range(l_q)], dtype=torch.bool)
+
+
 # --- repeat_kv ---------------------------------------------------------------------------------------------------
 
 @bug("check_repeat_kv", "kv_map_tile")
@@ -784,7 +829,7 @@ def repeat_kv_expand_only(y, n_rep):
 # --- KV-cache decode step ----------------------------------------------------------------------------------------
 
 def _decode_bug(q, k_new, v_new, k_cache, v_cache, *, mask="bottom_right", prepend=False, attend_new=True, tile=False,
-                scale="head_dim", return_old=False, store_repeated=False):
+                scale="head_dim", return_old=False, store_repeated=False, swap_caches=False):
     """A reader's NumPy decode step with one knob per classic mistake (the default is correct)."""
     N, h, T, hd = q.shape
     g = k_new.shape[1]
@@ -794,13 +839,16 @@ def _decode_bug(q, k_new, v_new, k_cache, v_cache, *, mask="bottom_right", prepe
     k_att, v_att = (k_all, v_all) if attend_new else (k_cache, v_cache)
     rep = (lambda y: np.tile(y, (1, h // g, 1, 1))) if tile else (lambda y: np.repeat(y, h // g, axis=1))
     L = k_att.shape[2]
-    m = {"bottom_right": _bottom_right(T, L), "top_left": np.tril(np.ones((T, L), dtype=bool)), "none": None}[mask]
+    m = {"bottom_right": _bottom_right(T, L), "top_left": np.tril(np.ones((T, L), dtype=bool)), "none": None,
+         "one_future": np.tril(np.ones((T, L), dtype=bool), k=L - T + 1)}[mask]
     c = {"head_dim": hd, "d_model": h * hd}[scale] ** -0.5
     out, _ = _sdpa_bug(q, rep(k_att), rep(v_att), m if attend_new else None, c)
     if return_old:
         return out, k_cache, v_cache
     if store_repeated:
         return out, rep(k_all), rep(v_all)
+    if swap_caches:
+        return out, v_all, k_all
     return out, k_all, v_all
 
 
@@ -853,6 +901,16 @@ def decode_returns_old_cache(q, k_new, v_new, k_cache, v_cache):
 @bug("check_decode_step", "cache_repeated_heads")
 def decode_caches_repeated_heads(q, k_new, v_new, k_cache, v_cache):
     return _decode_bug(q, k_new, v_new, k_cache, v_cache, store_repeated=True)
+
+
+@bug("check_decode_step", "causal_one_future_key")
+def decode_mask_one_future_key(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, mask="one_future")
+
+
+@bug("check_decode_step", "outputs_swapped")
+def decode_returns_caches_swapped(q, k_new, v_new, k_cache, v_cache):
+    return _decode_bug(q, k_new, v_new, k_cache, v_cache, swap_caches=True)
 
 
 # --- online softmax ----------------------------------------------------------------------------------------------
@@ -936,6 +994,11 @@ def online_fill_minus_1e9(q, k, v, block_size, mask=None, scale=None):
     return _online_bug(q, k, v, block_size, mask, scale, fill=-1e9)
 
 
+@bug("check_online_softmax_attention", "mask_ignored")
+def online_ignores_mask(q, k, v, block_size, mask=None, scale=None):
+    return _online_bug(q, k, v, block_size, None, scale)
+
+
 # --- softmax backward --------------------------------------------------------------------------------------------
 
 @bug("check_softmax_backward", "vjp_missing_rowsum")
@@ -1011,3 +1074,14 @@ def grad_autograd_minus_inf(q, k, v, grad_out, mask=None, scale=None):
         scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
     (torch.softmax(scores, dim=-1) @ v * torch.as_tensor(grad_out)).sum().backward()
     return q.grad, k.grad, v.grad
+
+
+@bug("check_scaled_dot_product_attention_grad", "mask_ignored")
+def grad_ignores_mask(q, k, v, grad_out, mask=None, scale=None):
+    return _grad_bug(q, k, v, grad_out, None, scale)
+
+
+@bug("check_scaled_dot_product_attention_grad", "outputs_swapped")
+def grad_returns_dv_first(q, k, v, grad_out, mask=None, scale=None):
+    dq, dk, dv = _grad_bug(q, k, v, grad_out, mask, scale)
+    return dv, dk, dq

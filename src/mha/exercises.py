@@ -35,15 +35,33 @@ NumPy arrays and works with tensors. Your function may return NumPy arrays or to
 compared in float64 with a relative tolerance of 1e-5: compute in the dtype you are given. Every checker also
 verifies that your function does not modify its inputs in place. torch is imported only when tensors are involved.
 
+Time limit: every checker takes ``timeout=`` (seconds, default :data:`TIMEOUT` = 10; ``timeout=None``: no limit). Each
+call of your function on a case may take that long; a call that runs longer is stopped and reported as
+:class:`ExerciseTimeout` (an ``ExerciseError``) naming the case that was running, so that an infinite loop fails the
+check instead of hanging your script, your Jupyter cell or the book build. The limit is per call, not per checker: a
+slow but correct function is not failed for the number of cases, and the case named is the one that hung. Ten seconds
+is about a thousand times what a plain Python loop over the elements needs on these small cases, and leaves room for a
+first ``import torch`` inside your function. In the main thread (scripts, Jupyter) the limit is a SIGALRM timer, which
+also interrupts ``time.sleep`` (an alarm you set yourself is kept, and fires first if it is due first); in any other
+thread a watchdog thread raises in yours, which stops Python code but not one long C call (such as ``time.sleep``)
+until that call returns.
+
 Book: the checked functions are derived in parts I and II; each checker's docstring names its chapter, and the
 appendix 'Check your own implementation' lists them all.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import itertools
 import math
+import signal
 import sys
+import sysconfig
+import threading
+import time
+import traceback
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Callable, NamedTuple
@@ -51,10 +69,12 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from mha import reference
-from mha._checks import check_bool, check_choice
+from mha._checks import check_bool, check_choice, check_float
 
 __all__ = [
     "ExerciseError",
+    "ExerciseTimeout",
+    "TIMEOUT",
     "KNOWN_BUGS",
     "check_softmax",
     "check_scaled_dot_product_attention",
@@ -72,6 +92,7 @@ __all__ = [
 RTOL = 1e-5  # relative tolerance of every comparison (float64 reference; float32 arithmetic would mostly pass too)
 ATOL = 1e-7  # absolute tolerance, times max(1, largest |expected| entry)
 _BACKENDS = ("auto", "numpy", "torch")
+TIMEOUT = 10.0  # seconds each call of your function may take (see the module docstring); None: no limit
 
 
 class ExerciseError(AssertionError):
@@ -86,6 +107,17 @@ class ExerciseError(AssertionError):
         self.checker = checker
         self.case = case
         self.bug = bug
+
+
+class ExerciseTimeout(ExerciseError):
+    """Your function did not return within ``timeout`` seconds on one case (an infinite loop, or a very slow one).
+
+    Attributes: those of :class:`ExerciseError` (``bug`` is None), and ``timeout``, the seconds the checker waited.
+    """
+
+    def __init__(self, message: str, checker: str, case: str, timeout: float):
+        super().__init__(message, checker, case)
+        self.timeout = timeout
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -166,6 +198,11 @@ KNOWN_BUGS: dict[str, KnownBug] = {
         "your function changed one of its inputs in place (for example x -= x.max(...), or masked_fill_)",
         "work on new arrays: x = x - x.max(axis, keepdims=True) creates one; x -= ... overwrites the caller's data.",
         None),
+    "outputs_swapped": KnownBug(
+        "your function returns the right arrays in the wrong order",
+        "return them in the order of the signature: out, weights (attention, multi-head attention); out, k_cache, "
+        "v_cache (a decode step); dq, dk, dv (the gradient).",
+        None),
     # --- scaled dot-product attention -----------------------------------------------------------------------------
     "no_scale": KnownBug(
         "the scores are not scaled: softmax(QK^T) instead of softmax(QK^T / sqrt(d_k))",
@@ -234,6 +271,12 @@ KNOWN_BUGS: dict[str, KnownBug] = {
         "to 1",
         "mask the scores before the softmax (-inf where not allowed), so the softmax normalises over the allowed "
         "keys only.",
+        EQ_MASKED_SOFTMAX),
+    "mask_ignored": KnownBug(
+        "the `mask` argument is ignored: every query attends to every key, allowed or not",
+        "when mask is not None, set the scores of the forbidden keys to -inf before the softmax: "
+        "np.where(mask, scores, -np.inf) (torch: scores.masked_fill(~mask, float('-inf'))); in multi-head attention, "
+        "pass the mask on to the attention of every head.",
         EQ_MASKED_SOFTMAX),
     # --- heads: split, merge, the multi-head layer ----------------------------------------------------------------
     "split_no_transpose": KnownBug(
@@ -329,6 +372,12 @@ KNOWN_BUGS: dict[str, KnownBug] = {
     "causal_strict": KnownBug(
         "the diagonal is masked too: a query cannot see its own position",
         "j <= L_kv - L_q + i includes equality: np.tril(..., k=l_kv - l_q), not k=l_kv - l_q - 1.",
+        EQ_CHUNK_MASK),
+    "causal_one_future_key": KnownBug(
+        "the causal mask is off by one: each query also sees the key just after its own position "
+        "(np.tril(..., k=l_kv - l_q + 1), or j <= i + 1)",
+        "query i is position L_kv - L_q + i: it sees keys j <= L_kv - L_q + i, itself included and nothing after, "
+        "np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q) (torch: .tril(diagonal=l_kv - l_q)).",
         EQ_CHUNK_MASK),
     "causal_inverted": KnownBug(
         "the mask is inverted: True marks the forbidden (future) keys",
@@ -465,6 +514,136 @@ _ERROR_HINTS = (
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Time limits: stop a call of fn that runs longer than `timeout` seconds.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _TimedOut(BaseException):
+    """Raised inside fn when its time is up: a BaseException, like KeyboardInterrupt, so that an ``except Exception``
+    in fn (or in the checker) does not swallow it. The checker turns it into an ExerciseTimeout."""
+
+
+class _TimeLimit:
+    """``start()`` ... ``stop()`` raises _TimedOut in the calling thread once ``seconds`` have passed in between.
+
+    The main thread uses SIGALRM (signal.setitimer), which also interrupts time.sleep and other blocking calls;
+    other threads (no signal handlers there), and the main thread when an alarm set by someone else is due first,
+    use a watchdog thread. After ``stop()`` nothing is left: no timer or handler of ours, no pending exception; the
+    alarm we replaced gets its handler back and its timer, less the time spent. Call ``stop()`` in a ``finally``
+    whose ``try`` includes ``start()`` (which is not a context manager for that reason: a timeout due while
+    ``__enter__`` returns would skip ``__exit__``).
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.theirs = None  # (handler, delay, interval) of the alarm we replaced, while ours is set
+        self.watcher = None
+
+    def start(self):
+        self.begin = time.monotonic()
+        if (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGALRM) is not None):  # None: a handler installed outside Python
+            delay, interval = signal.getitimer(signal.ITIMER_REAL)
+            if not 0 < delay <= self.seconds:  # their alarm, if any, is due after ours: replace it for now
+                self.theirs = (signal.signal(signal.SIGALRM, self._on_alarm), delay, interval)
+                signal.setitimer(signal.ITIMER_REAL, self.seconds)
+                return
+        self._start_watchdog()
+
+    def stop(self):
+        if self.theirs is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            handler, delay, interval = self.theirs
+            signal.signal(signal.SIGALRM, handler)  # first runs a still-pending alarm: _on_alarm ignores it here
+            self.theirs = None
+            if delay > 0:  # their timer, less the time spent here (due at once if it fell due meanwhile)
+                signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - self.begin), 1e-6), interval)
+        elif self.watcher is not None:
+            self._stop_watchdog()
+
+    def _on_alarm(self, signum, frame):
+        # An alarm that arrives once fn has returned (inside stop) is ignored: fn did return in time.
+        if frame is None or frame.f_code is not _TimeLimit.stop.__code__:
+            raise _TimedOut
+
+    # The watchdog: a thread that, when time is up, makes the calling thread raise _TimedOut with
+    # PyThreadState_SetAsyncExc. Its limits: the exception is raised only when that thread next runs Python bytecode,
+    # so one long C call (time.sleep(1000), a huge matmul, a blocking read) is not interrupted until it returns; and
+    # code that catches BaseException (a bare `except:`) can swallow it. The lock makes "fire" and "the call is
+    # over" exclusive; an exception fired but not yet raised when the call ends is withdrawn.
+
+    def _start_watchdog(self):
+        self.target, self.lock, self.over = threading.get_ident(), threading.Lock(), threading.Event()
+        self.done = self.fired = False
+
+        def watch():
+            if self.over.wait(self.seconds):
+                return
+            with self.lock:
+                if not self.done:
+                    self.fired = True
+                    _set_async_exc(self.target, _TimedOut)
+
+        self.watcher = threading.Thread(target=watch, name="mha.exercises time limit", daemon=True)
+        self.watcher.start()
+
+    def _stop_watchdog(self):
+        self.over.set()
+        with self.lock:
+            self.done = True
+            if self.fired:
+                _set_async_exc(self.target, None)  # withdraw it if it is still pending
+        self.watcher.join()
+
+
+def _set_async_exc(thread_id: int, exc) -> None:
+    """Make thread ``thread_id`` raise ``exc`` at its next bytecode (None: withdraw a pending one). CPython only."""
+    set_async_exc = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_SetAsyncExc", None)
+    if set_async_exc is not None:
+        set_async_exc(ctypes.c_ulong(thread_id), None if exc is None else ctypes.py_object(exc))
+
+
+_LIBRARIES = tuple(sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib"))
+
+
+def _check_timeout(timeout) -> float | None:
+    if timeout is None:
+        return None
+    try:
+        return check_float("timeout", timeout, minimum=0, min_inclusive=False)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{exc} (seconds each call of your function may take; None: no limit)") from None
+
+
+def _timeout_message(checker, case, backend, timeout, exc) -> str:
+    where = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename != __file__]
+    where = [f for f in where if not f.filename.startswith(_LIBRARIES)] or where  # your code, if it is on the stack
+    at = "" if not where else f" at {where[-1].filename}, line {where[-1].lineno}" + (
+        f" (`{where[-1].line}`)" if where[-1].line else "")
+    return (f"{_header(checker, case, backend)}: your function did not return within {timeout:g} s, so the checker "
+            f"stopped it{at}.\nHint: look for an infinite loop (a while loop whose condition never turns false, a "
+            f"counter that is never incremented) or a very slow loop over single elements; these cases hold a few "
+            f"dozen numbers, so a correct function returns in well under a second. To wait longer, pass "
+            f"timeout=<seconds> (timeout=None: no limit).")
+
+
+def _call(checker, case, backend, fn, args, kwargs, timeout):
+    """fn on one case (through the case's driver if it has one), stopped after ``timeout`` seconds."""
+    if timeout is None:
+        return case.call(fn, args, kwargs) if case.call else fn(*args, **kwargs)
+    limit = _TimeLimit(timeout)
+    try:
+        try:
+            limit.start()
+            return case.call(fn, args, kwargs) if case.call else fn(*args, **kwargs)
+        finally:
+            limit.stop()
+    except _TimedOut as exc:
+        raise ExerciseTimeout(_timeout_message(checker, case, backend, timeout, exc), checker, case.name,
+                              timeout) from exc
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Cases, calls and comparisons.
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -493,13 +672,23 @@ def _check_fn(checker: str, fn) -> None:
                         f"{type(fn).__name__}")
 
 
+_KEYWORDS_DOC = """
+
+    Like every checker, it also takes ``backend`` ("auto", "numpy" or "torch": the kind of inputs) and ``timeout``
+    (seconds each call of ``fn`` may take, default :data:`TIMEOUT` = 10; None: no limit): a call that runs longer is
+    stopped and reported as :class:`ExerciseTimeout`, naming the case. See the module docstring.
+    """
+
+
 def _checker(body):
-    """Decorator for the public checkers: validate ``fn`` and ``backend`` before any case is built."""
+    """Decorator for the public checkers: validate ``fn``, ``backend`` and ``timeout`` before any case is built."""
     @functools.wraps(body)
-    def check(fn, *args, backend: str = "auto", **kwargs):
+    def check(fn, *args, backend: str = "auto", timeout: float | None = TIMEOUT, **kwargs):
         _check_fn(body.__name__, fn)
         check_choice("backend", backend, _BACKENDS)
-        return body(fn, *args, backend=backend, **kwargs)
+        timeout = _check_timeout(timeout)
+        return body(fn, *args, backend=backend, timeout=timeout, **kwargs)
+    check.__doc__ = body.__doc__.rstrip() + _KEYWORDS_DOC  # one wording for the keywords every checker shares
     return check
 
 
@@ -630,6 +819,17 @@ def _diagnose(case: _Case, actual: tuple) -> str | None:
             continue  # this bug is invisible on this case
         if all(_same(a, v, equal_nan=True) for a, v in zip(actual, variant)):
             return bug
+    return "outputs_swapped" if _swapped_order(case, actual) else None
+
+
+def _swapped_order(case: _Case, actual: tuple) -> tuple | None:
+    """The order p such that actual[i] is the expected output p[i], when fn returned its outputs out of order."""
+    n = len(case.expected)
+    for order in itertools.permutations(range(n)):
+        if order == tuple(range(n)) or all(_same(case.expected[j], case.expected[i]) for i, j in enumerate(order)):
+            continue  # the right order, or an order that changes nothing on this case
+        if all(_same(actual[i], case.expected[j]) for i, j in enumerate(order)):
+            return order
     return None
 
 
@@ -692,20 +892,21 @@ def _unpack(checker, case, backend, outputs, result) -> tuple:
     return arrays
 
 
-def _run(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cases: list) -> None:
+def _run(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cases: list, timeout: float | None) -> None:
     """Call ``fn`` on every case; raise ExerciseError at the first case it gets wrong.
 
-    ``inputs`` names fn's positional arguments (for messages), ``outputs`` describes what it returns.
+    ``inputs`` names fn's positional arguments (for messages), ``outputs`` describes what it returns; each call may
+    take ``timeout`` seconds (ExerciseTimeout).
     """
     if backend == "auto":
-        backend, failures = _pick_backend(fn, cases[0])
+        backend, failures = _pick_backend(checker, fn, cases[0], timeout)
         if failures:
             message, bug = _exception_message(checker, cases[0], backend, failures)
             raise ExerciseError(message, checker, cases[0].name, bug) from failures[-1][0]
     for case in cases:
         args, kwargs = _fresh(case.args, backend), _fresh(case.kwargs, backend)
         try:
-            result = case.call(fn, args, kwargs) if case.call else fn(*args, **kwargs)
+            result = _call(checker, case, backend, fn, args, kwargs, timeout)
         except ExerciseError:
             raise
         except Exception as exc:
@@ -738,6 +939,10 @@ def _mismatch_message(checker, case, backend, outputs, actual, wrong, bug) -> st
         also = [o.name for i, o in enumerate(outputs) if i in wrong[1:]]
         parts = ([f"also wrong: {', '.join(also)}"] if also else []) + ([f"right: {', '.join(right)}"] if right else [])
         lines += "    (" + "; ".join(parts) + ")\n"
+    if bug == "outputs_swapped":
+        order = _swapped_order(case, actual)
+        lines += (f"    (your function returned ({', '.join(outputs[j].name for j in order)}) instead of "
+                  f"({', '.join(o.name for o in outputs)}))\n")
     if bug is not None:
         return lines + _describe_bug(bug, spec.equation)
     lines += "This matches none of the known bugs this checker simulates."
@@ -749,18 +954,20 @@ def _mismatch_message(checker, case, backend, outputs, actual, wrong, bug) -> st
     return lines
 
 
-def _pick_backend(fn, case: _Case) -> tuple[str, list]:
+def _pick_backend(checker: str, fn, case: _Case, timeout: float | None) -> tuple[str, list]:
     """'numpy', unless fn fails on the first case's NumPy arrays and runs on torch tensors.
 
     Returns (backend, failures): failures is empty, or [(numpy exception, ...), (torch exception, ...)] when fn
-    raised with both.
+    raised with both. A call that runs out of time raises ExerciseTimeout at once.
     """
     failures = []
     for backend, where in (("numpy", "with NumPy arrays"), ("torch", "with torch tensors")):
         args, kwargs = _fresh(case.args, backend), _fresh(case.kwargs, backend)
         try:
-            case.call(fn, args, kwargs) if case.call else fn(*args, **kwargs)
+            _call(checker, case, backend, fn, args, kwargs, timeout)
             return backend, []
+        except ExerciseTimeout:
+            raise
         except Exception as exc:
             failures.append((exc, where))
     return "numpy", failures
@@ -814,10 +1021,13 @@ def _bug_scale(rule, q, k, v, scale):
             "seq_len": 1 / math.sqrt(k.shape[-2])}[rule]
 
 
-def _sim_sdpa(q, k, v, mask=None, scale=None, *, scale_rule="given", softmax_axis=-1, invert_mask=False, **softmax_kw):
+def _sim_sdpa(q, k, v, mask=None, scale=None, *, scale_rule="given", softmax_axis=-1, invert_mask=False,
+              ignore_mask=False, **softmax_kw):
     c = _bug_scale(scale_rule, q, k, v, scale)
-    if c is None:
+    if c is None or (ignore_mask and mask is None):
         return None
+    if ignore_mask:
+        mask = None
     if invert_mask:
         if mask is None:
             return None
@@ -851,6 +1061,7 @@ _MASK_BUGS = [
     ("mask_nan_empty_rows", dict(fill="nan")),
     ("mask_fill_zero", dict(fill="zero_score")),
     ("mask_after_softmax", dict(fill="after")),
+    ("mask_ignored", dict(ignore_mask=True)),
 ]
 
 
@@ -880,7 +1091,7 @@ def _softmax_case(name, x, axis, note=""):
 
 
 @_checker
-def check_softmax(fn, *, backend: str = "auto") -> None:
+def check_softmax(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(x, axis=-1)``: the softmax of ``x`` along ``axis``, safe for any finite logits.
 
     Cases: a vector, a square matrix, the middle axis of a 3-D array, axis 0, logits near +1000, rows near 0 and near
@@ -906,7 +1117,7 @@ def check_softmax(fn, *, backend: str = "auto") -> None:
                       np.swapaxes(rng.standard_normal((3, 5)), 0, 1), -1),
     ]
     _run("check_softmax", fn, backend, ("x",),
-         (_Output("softmax", "exp(x_i - max x) / sum_j exp(x_j - max x) along axis", EQ_SOFTMAX),), cases)
+         (_Output("softmax", "exp(x_i - max x) / sum_j exp(x_j - max x) along axis", EQ_SOFTMAX),), cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -957,7 +1168,7 @@ def _t(x):
 
 
 @_checker
-def check_scaled_dot_product_attention(fn, *, backend: str = "auto") -> None:
+def check_scaled_dot_product_attention(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(q, k, v, mask=None, scale=None) -> (out, weights)``, as ``reference.scaled_dot_product_attention``.
 
     q ``(..., L_q, d_k)``, k ``(..., L_kv, d_k)``, v ``(..., L_kv, d_v)``; ``mask`` boolean, True = may attend,
@@ -991,7 +1202,7 @@ def check_scaled_dot_product_attention(fn, *, backend: str = "auto") -> None:
         _sdpa_case("non-contiguous q, k, v (transposed views)", _t(r((2, 3, 5, 8))), _t(r((2, 3, 6, 8))),
                    _t(r((2, 3, 6, 4))), mask=_causal(5, 6)),
     ]
-    _run("check_scaled_dot_product_attention", fn, backend, ("q", "k", "v"), _SDPA_OUTPUTS, cases)
+    _run("check_scaled_dot_product_attention", fn, backend, ("q", "k", "v"), _SDPA_OUTPUTS, cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1035,7 +1246,7 @@ def _split_case(label, y, n_heads):
 
 
 @_checker
-def check_split_heads(fn, *, backend: str = "auto") -> None:
+def check_split_heads(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(y, n_heads)``: ``(N, L, n_heads*head_dim) -> (N, n_heads, L, head_dim)``; head i is column block i.
 
     Cases: several heads, one head, head_dim 1, a batch of one with one position, L equal to n_heads, a
@@ -1053,7 +1264,7 @@ def check_split_heads(fn, *, backend: str = "auto") -> None:
     ]
     _run("check_split_heads", fn, backend, ("y", "n_heads"),
          (_Output("heads", "y.reshape(N, L, h, head_dim) with axes 1 and 2 swapped: heads[n, i] = column block i",
-                  EQ_FUSED),), cases)
+                  EQ_FUSED),), cases, timeout)
 
 
 def _merge_case(label, y):
@@ -1064,7 +1275,7 @@ def _merge_case(label, y):
 
 
 @_checker
-def check_merge_heads(fn, *, backend: str = "auto") -> None:
+def check_merge_heads(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(y)``: ``(N, n_heads, L, head_dim) -> (N, L, n_heads*head_dim)``, the concatenation of the heads.
 
     The inverse of ``split_heads``: head i's output fills column block i. Cases: several heads, one head, head_dim 1,
@@ -1083,7 +1294,7 @@ def check_merge_heads(fn, *, backend: str = "auto") -> None:
     ]
     _run("check_merge_heads", fn, backend, ("y",),
          (_Output("concat", "Concat(head_1, ..., head_h): y with axes 1 and 2 swapped, reshaped to (N, L, h*head_dim)",
-                  EQ_MHA_OUTPUT),), cases)
+                  EQ_MHA_OUTPUT),), cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1176,7 +1387,8 @@ def _mha_case(label, rng, *, N=2, L_q=5, L_kv=None, d_model=12, n_heads=3, n_kv_
 
 
 @_checker
-def check_multi_head_attention(fn, *, gqa: bool = False, backend: str = "auto") -> None:
+def check_multi_head_attention(fn, *, gqa: bool = False, backend: str = "auto",
+                               timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(x_q, x_kv, params, n_heads, mask=None) -> (out, weights)``, as ``mha.reference.multi_head_attention``.
 
     x_q ``(N, L_q, d_model)`` and x_kv ``(N, L_kv, d_model)`` (self-attention cases pass the same array twice);
@@ -1224,7 +1436,7 @@ def check_multi_head_attention(fn, *, gqa: bool = False, backend: str = "auto") 
         _Output("out", "Concat(head_1, ..., head_h) W^O + b^O", EQ_MHA_OUTPUT),
         _Output("weights", "softmax(Q_i K_i^T / sqrt(head_dim)) for every head i", EQ_MHA_HEAD),
     )
-    _run("check_multi_head_attention", fn, backend, ("x_q", "x_kv", "params", "n_heads"), outputs, cases)
+    _run("check_multi_head_attention", fn, backend, ("x_q", "x_kv", "params", "n_heads"), outputs, cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1257,6 +1469,7 @@ def _causal_case(label, l_q, l_kv):
     variants = [
         ("causal_top_left", lambda: (np.tril(ones),)),
         ("causal_strict", lambda: (np.tril(ones, k=l_kv - l_q - 1),)),
+        ("causal_one_future_key", lambda: (np.tril(ones, k=l_kv - l_q + 1),)),
         ("causal_inverted", lambda: (~expected,)),
         ("causal_transposed", lambda: (expected.T,)),
         ("causal_transposed", lambda: (np.triu(ones),)),
@@ -1267,7 +1480,7 @@ def _causal_case(label, l_q, l_kv):
 
 
 @_checker
-def check_causal_mask(fn, *, backend: str = "auto") -> None:
+def check_causal_mask(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(l_q, l_kv)``: the boolean ``(l_q, l_kv)`` causal mask, True = may attend, bottom-right aligned.
 
     The l_q queries are the last l_q of the l_kv positions, so query i may attend to key j iff
@@ -1283,7 +1496,7 @@ def check_causal_mask(fn, *, backend: str = "auto") -> None:
         _causal_case("self-attention (square)", 6, 6),
     ]
     _run("check_causal_mask", fn, backend, ("l_q", "l_kv"),
-         (_Output("mask", "mask[i, j] = (j <= l_kv - l_q + i), booleans", EQ_CHUNK_MASK),), cases)
+         (_Output("mask", "mask[i, j] = (j <= l_kv - l_q + i), booleans", EQ_CHUNK_MASK),), cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1305,7 +1518,7 @@ def _repeat_case(label, y, n_rep):
 
 
 @_checker
-def check_repeat_kv(fn, *, backend: str = "auto") -> None:
+def check_repeat_kv(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(y, n_rep)``: ``(N, g, L, d) -> (N, g*n_rep, L, d)``, query head j reading key/value head j // n_rep.
 
     Cases: groups of 2, three key/value heads, one key/value head (MQA), n_rep = 1 (MHA), a batch of one with one
@@ -1322,7 +1535,8 @@ def check_repeat_kv(fn, *, backend: str = "auto") -> None:
         _repeat_case("non-contiguous y (a transposed view)", _t(r((2, 2, 5, 3))), 3),
     ]
     _run("check_repeat_kv", fn, backend, ("y", "n_rep"),
-         (_Output("repeated", "out[:, j] = y[:, j // n_rep] (np.repeat(y, n_rep, axis=1))", EQ_GQA_MAP),), cases)
+         (_Output("repeated", "out[:, j] = y[:, j // n_rep] (np.repeat(y, n_rep, axis=1))", EQ_GQA_MAP),), cases,
+         timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1345,6 +1559,8 @@ def _sim_decode(q, k_new, v_new, k_cache, v_cache, *, mask="bottom_right", order
         causal = None
     elif mask == "bottom_right":
         causal = _causal(T, L_kv)
+    elif mask == "one_future":  # bottom-right, off by one: each query also sees the next key
+        causal = np.tril(np.ones((T, L_kv), dtype=bool), k=L_kv - T + 1)
     else:  # top-left
         causal = np.tril(np.ones((T, L_kv), dtype=bool))
     scale = {"head_dim": 1 / math.sqrt(head_dim), "d_model": 1 / math.sqrt(n_heads * head_dim), "none": 1.0}[scale_rule]
@@ -1362,6 +1578,7 @@ def _sim_decode(q, k_new, v_new, k_cache, v_cache, *, mask="bottom_right", order
 _DECODE_BUGS = [
     ("causal_top_left", dict(mask="top_left")),
     ("no_causal_mask", dict(mask="none")),
+    ("causal_one_future_key", dict(mask="one_future")),
     ("cache_prepended", dict(order="prepend")),
     ("new_position_not_attended", dict(attend_new=False)),
     ("kv_map_tile", dict(kv_map="tile")),
@@ -1429,7 +1646,7 @@ def _decode_whole_case(rng, chunks=(3, 1, 1, 2), N=2, n_heads=4, n_kv_heads=2, h
 
 
 @_checker
-def check_decode_step(fn, *, backend: str = "auto") -> None:
+def check_decode_step(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check one cached decoding step, ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)``.
 
     ``q`` ``(N, n_heads, T, head_dim)``: the queries of the T new positions (T = 1 is one decoding step, T > 1 a
@@ -1467,7 +1684,7 @@ def check_decode_step(fn, *, backend: str = "auto") -> None:
         _Output("k_cache", "[K_cache; k_new] (new positions appended along axis 2)", EQ_KV_STEP),
         _Output("v_cache", "[V_cache; v_new] (new positions appended along axis 2)", EQ_KV_STEP),
     )
-    _run("check_decode_step", fn, backend, ("q", "k_new", "v_new", "k_cache", "v_cache"), outputs, cases)
+    _run("check_decode_step", fn, backend, ("q", "k_new", "v_new", "k_cache", "v_cache"), outputs, cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1477,11 +1694,13 @@ def check_decode_step(fn, *, backend: str = "auto") -> None:
 
 def _sim_online(q, k, v, block_size, mask=None, scale=None, *, drop_partial=False, rescale_l=True, rescale_acc=True,
                 alpha_inverted=False, divide=True, running_max=True, guard_empty=True, guard_final=True,
-                fill="zero", invert_mask=False, scale_rule="given"):
+                fill="zero", invert_mask=False, ignore_mask=False, scale_rule="given"):
     """The online-softmax loop the way a given bug runs it (defaults: the book's recurrence)."""
     c = _bug_scale(scale_rule, q, k, v, scale)
-    if c is None or (invert_mask and mask is None):
+    if c is None or ((invert_mask or ignore_mask) and mask is None):
         return None
+    if ignore_mask:
+        mask = None
     n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if mask is not None:
@@ -1524,6 +1743,7 @@ _ONLINE_BUGS = [
     ("mask_inverted", dict(invert_mask=True)),
     ("mask_inverted", dict(invert_mask=True, guard_final=False)),
     ("mask_fill_zero", dict(fill="zero_score")),
+    ("mask_ignored", dict(ignore_mask=True)),
 ] + [(bug, dict(scale_rule=kw["scale_rule"])) for bug, kw in _SCALE_BUGS]
 
 
@@ -1538,7 +1758,7 @@ def _online_case(label, q, k, v, block_size, mask=None, scale=None, note=""):
 
 
 @_checker
-def check_online_softmax_attention(fn, *, backend: str = "auto") -> None:
+def check_online_softmax_attention(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(q, k, v, block_size, mask=None, scale=None) -> out``: attention computed one key block at a time.
 
     Same arguments and conventions as ``check_scaled_dot_product_attention`` plus ``block_size``; returns only ``out``,
@@ -1578,7 +1798,7 @@ def check_online_softmax_attention(fn, *, backend: str = "auto") -> None:
     ]
     _run("check_online_softmax_attention", fn, backend, ("q", "k", "v", "block_size"),
          (_Output("out", "softmax(QK^T/sqrt(d_k)) V computed in one piece, i.e. acc / l after the last block",
-                  EQ_ONLINE),), cases)
+                  EQ_ONLINE),), cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1626,7 +1846,7 @@ def _softmax_backward_case(label, A, dA):
 
 
 @_checker
-def check_softmax_backward(fn, *, backend: str = "auto") -> None:
+def check_softmax_backward(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(weights, grad_weights) -> grad_scores``, the backward pass of a softmax over the last axis.
 
     ``weights`` = A = softmax(S) (rows normalised along the last axis), ``grad_weights`` = dL/dA; return dL/dS
@@ -1657,7 +1877,7 @@ def check_softmax_backward(fn, *, backend: str = "auto") -> None:
         _softmax_backward_case("non-contiguous inputs (transposed views)", _t(weights((2, 4, 3))), _t(r((2, 4, 3)))),
     ]
     _run("check_softmax_backward", fn, backend, ("weights", "grad_weights"),
-         (_Output("grad_scores", "A * (dA - rowsum(dA * A))", EQ_SOFTMAX_VJP),), cases)
+         (_Output("grad_scores", "A * (dA - rowsum(dA * A))", EQ_SOFTMAX_VJP),), cases, timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1666,15 +1886,17 @@ def check_softmax_backward(fn, *, backend: str = "auto") -> None:
 
 
 def _sim_sdpa_grad(q, k, v, grad_out, mask=None, scale=None, *, scale_rule="given", chain_scale=True, vjp="correct",
-                   dv_transpose=True, invert_mask=False, mask_grad=False, **softmax_kw):
+                   dv_transpose=True, invert_mask=False, ignore_mask=False, mask_grad=False, **softmax_kw):
     """(dq, dk, dv) of scaled dot-product attention, the correct way or as a given bug computes them.
 
     ``mask_grad``: the masked scores get zero gradient, as under autograd (the fill is a constant); a hand-written
     backward pass without it uses dS as it comes out of the softmax backward.
     """
     c = _bug_scale(scale_rule, q, k, v, scale)
-    if c is None or (invert_mask and mask is None) or (mask_grad and mask is None):
+    if c is None or ((invert_mask or ignore_mask or mask_grad) and mask is None) or (ignore_mask and mask_grad):
         return None
+    if ignore_mask:
+        mask = None
     if invert_mask:
         mask = ~mask
     A = _sim_softmax(c * (q @ np.swapaxes(k, -1, -2)), mask, **softmax_kw)  # (..., L_q, L_kv)
@@ -1705,7 +1927,7 @@ def _grad_case(label, q, k, v, grad_out, mask=None, scale=None, note=""):
 
 
 @_checker
-def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto") -> None:
+def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(q, k, v, grad_out, mask=None, scale=None) -> (dq, dk, dv)``, the hand-derived backward pass.
 
     The gradients of ``sum(out * grad_out)`` for ``out = softmax(scale q k^T) v`` (the arguments of
@@ -1738,4 +1960,4 @@ def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto") -> Non
         _Output("dk", "scale * dS^T Q", EQ_DQ_DK),
         _Output("dv", "A^T dO", EQ_DV_DA),
     )
-    _run("check_scaled_dot_product_attention_grad", fn, backend, ("q", "k", "v", "grad_out"), outputs, cases)
+    _run("check_scaled_dot_product_attention_grad", fn, backend, ("q", "k", "v", "grad_out"), outputs, cases, timeout)
