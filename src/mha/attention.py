@@ -16,6 +16,9 @@ never on tensor values (no ``.item()``, no ``isfinite`` checks). Rows whose ever
 and zero output on both paths: such a row is first allowed every key (so no softmax over only -inf ever runs, on
 any backend, and gradients stay finite), then zeroed with ``torch.where`` on a precomputed "row has an allowed key"
 mask. This costs two small boolean ops and happens only when a user mask is given (or a causal mask with L_q > L_kv).
+So tensor values are never checked either: NaN or infinity in the inputs (or the weights) raises nothing and
+propagates into the output (within the sequences it is in) instead; check them yourself where they may occur, or use
+the NumPy reference ``mha.reference``, which refuses them.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ class MultiHeadAttention(nn.Module):
                 ``torch.nn.MultiheadAttention``); the sdpa path then computes them explicitly, so pass False
                 when only the output is needed (training, decoding, timing).
             kv_cache: a :class:`~mha.kv_cache.KVCache`; this call's keys/values are appended and the queries
-                attend over every cached position. Self-attention only (x_kv must be None).
+                attend over every cached position. Self-attention only (x_kv must be None). The cache advances only
+                when the call succeeds (a failed call leaves it as it was), and it is this module's alone: a cache
+                holding positions written by another module is refused.
             head_mask: (h,) float or bool; multiplies each head's output before o_proj (differentiable).
 
         Returns:
@@ -133,11 +138,26 @@ class MultiHeadAttention(nn.Module):
         l_new = x_kv.shape[1]
         k = self.k_proj(x_kv).view(n, l_new, g, hd).transpose(1, 2)  # (N, g, L_new, head_dim)
         v = self.v_proj(x_kv).view(n, l_new, g, hd).transpose(1, 2)  # (N, g, L_new, head_dim)
-        if kv_cache is not None:
+        if kv_cache is None:
+            out, weights = self._attention(q, k, v, mask, is_causal, need_weights, l_q, l_kv)
+            return self._merge_and_project(out, weights, head_mask, unbatched)
+        cached = kv_cache.length
+        try:
             k, v = kv_cache.append(k, v)  # each (N, g, L_kv, head_dim), L_kv = cached + L_q
+            out, weights = self._attention(q, k, v, mask, is_causal, need_weights, l_q, l_kv)
+            out, weights = self._merge_and_project(out, weights, head_mask, unbatched)
+        except BaseException:  # an error in the kernel, out of memory, KeyboardInterrupt: leave the cache as it was
+            # Setting length back is enough: the append wrote only at positions >= cached, which no read sees once
+            # length is cached again (every read is of the filled prefix) and the next append overwrites.
+            kv_cache.length = cached
+            raise
+        kv_cache._claim(self)  # the cache now holds this module's keys; other modules are refused (check_append)
+        return out, weights
+
+    def _attention(self, q, k, v, mask, is_causal, need_weights, l_q, l_kv):
+        """(out (N, h, L_q, head_dim), weights (N, h, L_q, L_kv) or None) by the module's impl, masks applied."""
         if self.impl == "triton":
-            out = self._triton_attention(q, k, v, is_causal)  # (N, h, L_q, head_dim)
-            return self._merge_and_project(out, None, head_mask, unbatched)
+            return self._triton_attention(q, k, v, is_causal), None  # (N, h, L_q, head_dim)
 
         # Combine the user's mask and the causal mask into one boolean mask (or None), and note whether some
         # query row may have no allowed key (then its weights and output are set to zero, never NaN).
@@ -148,7 +168,7 @@ class MultiHeadAttention(nn.Module):
             if use_sdpa and mask is None and l_q == l_kv:
                 sdpa_causal = True  # SDPA's own causal path (top-left == bottom-right when L_q == L_kv)
             else:
-                causal = _causal_mask(l_q, l_kv, x_q.device)  # (L_q, L_kv)
+                causal = _causal_mask(l_q, l_kv, q.device)  # (L_q, L_kv)
                 attn_mask = causal if mask is None else mask & causal  # broadcast to (.., L_q, L_kv)
         row_has_key = None  # (.., L_q, 1) boolean, only when a row could be fully masked
         if mask is not None or (is_causal and l_q > l_kv):
@@ -157,10 +177,8 @@ class MultiHeadAttention(nn.Module):
 
         if self.impl == "naive" or need_weights:
             out, weights = self._naive_attention(q, k, v, attn_mask, row_has_key)
-            weights = weights if need_weights else None
-        else:
-            out, weights = self._sdpa_attention(q, k, v, attn_mask, row_has_key, sdpa_causal), None
-        return self._merge_and_project(out, weights, head_mask, unbatched)
+            return out, weights if need_weights else None
+        return self._sdpa_attention(q, k, v, attn_mask, row_has_key, sdpa_causal), None
 
     def _merge_and_project(self, out, weights, head_mask, unbatched):
         """head_mask, the concatenation of the heads, o_proj; the batch axis dropped again for unbatched input.
@@ -205,17 +223,24 @@ class MultiHeadAttention(nn.Module):
         Book: part I, "Scaled dot-product attention"; part II, "MQA and GQA". For GQA the h query heads are
         regrouped as (g, h/g) and the h/g queries of a group are stacked along the sequence axis, so each
         key/value head is read once and never copied (no ``repeat_interleave``).
+
+        float16/bfloat16: the scores and the softmax are computed in float32, as PyTorch's math SDPA backend does
+        (it upcasts q, k and v). In float16, q k^T overflows (max 65504) long before the scaled scores do (inputs
+        of size ~200 gave NaN rows), and scores rounded to float16/bfloat16 before the softmax had 40 to 200 times
+        the error of float32 scores at |scores| ~ 100 to 1000 (measured). The price: the scores matrix takes 4
+        bytes per entry for half inputs (the softmax's output did already).
         """
         n, h, l_q, hd = q.shape
         g, l_kv = k.shape[1], k.shape[2]
         r = h // g  # query heads per key/value head
+        if q.dtype in (torch.float16, torch.bfloat16):  # scores and softmax in float32 (see above)
+            q, k = q.float(), k.float()
         q_grouped = q.reshape(n, g, r * l_q, hd)  # (N, g, (h/g) * L_q, head_dim): head j -> group j // (h/g)
         scores = (q_grouped @ k.transpose(-2, -1)) * self.scale  # (N, g, (h/g) * L_q, L_kv)
         scores = scores.view(n, h, l_q, l_kv)  # (N, h, L_q, L_kv)
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf"))  # (N, h, L_q, L_kv)
-        softmax_dtype = torch.promote_types(scores.dtype, torch.float32)  # bf16/fp16: softmax in float32
-        weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype)  # (N, h, L_q, L_kv)
+        weights = torch.softmax(scores, dim=-1).to(v.dtype)  # (N, h, L_q, L_kv)
         if row_has_key is not None:
             weights = torch.where(row_has_key, weights, 0.0)  # fully masked rows -> 0, (N, h, L_q, L_kv)
         dropped = F.dropout(weights, p=self.dropout, training=self.training)  # (N, h, L_q, L_kv)
@@ -260,7 +285,7 @@ class MultiHeadAttention(nn.Module):
         if kv_cache is not None:
             check_type("kv_cache", kv_cache, KVCache, "a mha.KVCache or None")
             kv_cache.check_append(n, l_q, self.n_kv_heads, self.head_dim, x_q.dtype, x_q.device,
-                                  who="x_q (its keys/values)")
+                                  who="x_q (its keys/values)", owner=self)
             l_kv = kv_cache.length + l_q
         if mask is not None:
             check_type("mask", mask, torch.Tensor, "a boolean torch.Tensor or None")

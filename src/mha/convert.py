@@ -17,6 +17,8 @@ Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mha._checks import check_choice, check_int, check_type
@@ -106,9 +108,17 @@ def gqa_to_mha(params, n_heads):
 
 
 def copy_to_torch_mha(ours, theirs) -> None:
-    """Copy a ``mha.MultiHeadAttention`` (MHA, with biases, head_dim = d_model / n_heads) into a
-    ``torch.nn.MultiheadAttention`` of the same size: its packed ``in_proj_weight`` = [W_q^T; W_k^T; W_v^T] and
-    ``in_proj_bias``, ``out_proj`` = our ``o_proj``. The two then compute the same function.
+    """Copy a ``mha.MultiHeadAttention`` into a ``torch.nn.MultiheadAttention`` computing the same function: its
+    packed ``in_proj_weight`` = [W_q^T; W_k^T; W_v^T] and ``in_proj_bias``, ``out_proj`` = our ``o_proj``.
+
+    Refused with one ValueError listing every difference, before anything is copied, is every pair that would not
+    compute the same function: another d_model, n_heads or head_dim; ours GQA/MQA (torch has one key/value head per
+    query head: expand ours first with :func:`gqa_to_mha`); ours with a scale other than torch's fixed
+    1/sqrt(head_dim); another dropout; theirs with ``add_bias_kv``, ``add_zero_attn`` or kdim/vdim other than
+    embed_dim (no packed projection); ours with biases and theirs without; another dtype (``copy_`` would round or
+    widen the weights, and the two would compute in different precisions). Accepted: ours without biases into theirs
+    with biases (theirs' biases are set to zero); theirs with ``batch_first=False`` (the same function, of inputs
+    laid out (L, N, d_model)); another device (the values are copied exactly); any ``impl`` of ours.
 
     Book: appendix 'Benchmarks' (ours against PyTorch's module, same weights).
     """
@@ -118,15 +128,48 @@ def copy_to_torch_mha(ours, theirs) -> None:
 
     check_type("ours", ours, MultiHeadAttention, "a mha.MultiHeadAttention")
     check_type("theirs", theirs, torch.nn.MultiheadAttention, "a torch.nn.MultiheadAttention")
-    if (ours.n_kv_heads != ours.n_heads or ours.q_proj.bias is None or theirs.in_proj_weight is None
-            or theirs.in_proj_bias is None or theirs.embed_dim != ours.d_model or theirs.num_heads != ours.n_heads
-            or ours.head_dim * ours.n_heads != ours.d_model):
-        raise ValueError(f"copy_to_torch_mha needs an MHA layer with biases and head_dim = d_model / n_heads, and a "
-                         f"torch.nn.MultiheadAttention of the same d_model and n_heads with packed projections and "
-                         f"biases; got ours={ours.extra_repr()}, bias={ours.q_proj.bias is not None}; theirs "
-                         f"embed_dim={theirs.embed_dim}, num_heads={theirs.num_heads}")
+    differences = _torch_mha_differences(ours, theirs)
+    if differences:
+        raise ValueError("copy_to_torch_mha: ours and theirs would not compute the same function: "
+                         + "; ".join(differences))
+    ours_bias = ours.q_proj.bias is not None
     with torch.no_grad():
         theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
         theirs.out_proj.weight.copy_(ours.o_proj.weight)
-        theirs.out_proj.bias.copy_(ours.o_proj.bias)
+        if theirs.in_proj_bias is not None:  # ours has biases too, or none: then theirs' are zero
+            theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]) if ours_bias
+                                      else torch.zeros_like(theirs.in_proj_bias))
+            theirs.out_proj.bias.copy_(ours.o_proj.bias if ours_bias else torch.zeros_like(theirs.out_proj.bias))
+
+
+def _torch_mha_differences(ours, theirs) -> list[str]:
+    """Every way in which ``theirs`` (torch.nn.MultiheadAttention) cannot compute ``ours``' function, in words."""
+    out = []
+    if theirs.embed_dim != ours.d_model:
+        out.append(f"d_model: ours {ours.d_model}, theirs embed_dim {theirs.embed_dim}")
+    if theirs.num_heads != ours.n_heads:
+        out.append(f"n_heads: ours {ours.n_heads}, theirs num_heads {theirs.num_heads}")
+    if theirs.head_dim != ours.head_dim:
+        out.append(f"head_dim: ours {ours.head_dim}, theirs {theirs.head_dim} (embed_dim / num_heads)")
+    if ours.n_kv_heads != ours.n_heads:
+        out.append(f"n_kv_heads: ours {ours.n_kv_heads}, theirs {theirs.num_heads} (one key/value head per query "
+                   f"head; expand ours first with mha.convert.gqa_to_mha and load_params)")
+    their_scale = 1.0 / math.sqrt(theirs.head_dim)  # torch.nn.MultiheadAttention has no other scale
+    if not math.isclose(ours.scale, their_scale, rel_tol=1e-12):
+        out.append(f"scale: ours {ours.scale:g}, theirs {their_scale:g} (torch's is always 1/sqrt(head_dim))")
+    if theirs.dropout != ours.dropout:
+        out.append(f"dropout: ours {ours.dropout!r}, theirs {float(theirs.dropout)!r}")
+    if theirs.bias_k is not None:
+        out.append("add_bias_kv: theirs appends learned bias_k/bias_v to the keys/values, ours does not")
+    if theirs.add_zero_attn:
+        out.append("add_zero_attn: theirs appends a zero key/value, ours does not")
+    if theirs.in_proj_weight is None:  # kdim or vdim != embed_dim: separate q/k/v weights of other widths
+        out.append(f"kdim/vdim: theirs kdim={theirs.kdim}, vdim={theirs.vdim}, ours projects keys and values from "
+                   f"d_model={ours.d_model} (a packed in_proj_weight needs kdim = vdim = embed_dim)")
+    if ours.q_proj.bias is not None and theirs.in_proj_bias is None:
+        out.append("bias: ours has biases, theirs has none (bias=False)")
+    their_dtype = theirs.out_proj.weight.dtype
+    if their_dtype != ours.q_proj.weight.dtype:
+        out.append(f"dtype: ours {ours.q_proj.weight.dtype}, theirs {their_dtype} (they would compute in different "
+                   f"precisions; convert one with .to(dtype) first)")
+    return out

@@ -18,11 +18,20 @@ Design choices
   (Under ``torch.compile`` each new length is a new shape; gpt-fast instead attends over the whole buffer with a
   position mask. We slice because it is exact and simple, and the book measures the cost, not compile behaviour.)
 * Every check happens before anything is written: a rejected ``append`` leaves the cache exactly as it was.
+* A forward call that fails after its append (an error inside the attention kernel, out of memory, a
+  ``KeyboardInterrupt``) leaves the cache as it was too: ``MultiHeadAttention`` sets ``length`` back. The append
+  wrote only at positions >= the old ``length``, which are never read (every read is of the filled prefix) and the
+  next call overwrites, so ``length`` and the filled prefix are as they were and a retry gives the right answer.
+* A cache holds one layer's keys and values: once a module has written positions to it, another module is refused
+  (it would read the first one's keys) until :meth:`reset`. ``length`` may be set by hand (to rewind), but only to an
+  integer in ``[0, max_len]``.
 * ``append`` writes in place; under autograd the buffers then carry a graph. Decoding is meant to run under
   ``torch.no_grad()`` / ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -42,11 +51,12 @@ class KVCache:
         n_kv_heads: g, the number of key/value heads (``MultiHeadAttention.n_kv_heads``; g < n_heads for GQA/MQA).
         head_dim: the size of one key/value head.
         dtype: floating dtype of the buffers; must equal the attention module's dtype.
-        device: device of the buffers; must equal the attention module's device.
+        device: device of the buffers (a str, a ``torch.device`` or None for torch's default); must be one torch
+            can allocate on here and equal the attention module's device.
 
     Attributes:
         k, v: the buffers, each ``(batch_size, n_kv_heads, max_len, head_dim)``.
-        length: the number of positions filled (a Python ``int``).
+        length: the number of positions filled (a Python ``int`` in ``[0, max_len]``; settable, to rewind).
     """
 
     def __init__(self, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int,
@@ -60,10 +70,30 @@ class KVCache:
         self.max_len = max_len
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
+        parsed = _check_device(device)
         shape = (batch_size, n_kv_heads, max_len, head_dim)  # (N, g, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
+        try:
+            self.k = torch.zeros(shape, dtype=dtype, device=parsed)
+            self.v = torch.zeros(shape, dtype=dtype, device=parsed)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # a backend torch knows but this machine lacks (mps, xpu, ...): torch's errors vary
+            reason = (str(err).splitlines() or [type(err).__name__])[0].split(". ")[0]  # torch's first sentence
+            raise ValueError(f"device must be a device torch can allocate on here, got {device!r} ({reason})") from err
+        self._length = 0
+        self._owner = None  # weakref to the module whose keys/values fill the cache (None: no owner yet)
+
+    @property
+    def length(self) -> int:
+        """The number of positions filled, in ``[0, max_len]``; may be set by hand (to rewind), within that range."""
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        if type(value) is int and 0 <= value <= self.max_len:  # the common case, without check_int's message work
+            self._length = value
+        else:
+            self._length = check_int("length", value, minimum=0, maximum=self.max_len)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -82,11 +112,17 @@ class KVCache:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
     def check_append(self, batch_size: int, n_new: int, n_kv_heads: int, head_dim: int,
-                     dtype: torch.dtype, device: torch.device, who: str = "k_new") -> None:
+                     dtype: torch.dtype, device: torch.device, who: str = "k_new", owner=None) -> None:
         """Raise if ``n_new`` positions of this shape/dtype/device cannot be appended; touches nothing.
 
-        ``MultiHeadAttention`` calls this before projecting, so a bad call fails before any computation.
+        ``MultiHeadAttention`` calls this before projecting, so a bad call fails before any computation. ``owner``:
+        the module about to write (None: no ownership check); refused when the cache holds positions written by
+        another module.
         """
+        if owner is not None and self._length > 0 and self._owner is not None and self._owner() is not owner:
+            raise ValueError("kv_cache holds keys/values written by another MultiHeadAttention (one KVCache holds one "
+                             "layer's keys and values; this layer would attend over the other's): give each layer its "
+                             "own KVCache, or call kv_cache.reset() before reusing it for another module")
         expected = (self.batch_size, self.n_kv_heads, "T", self.head_dim)
         got = (batch_size, n_kv_heads, n_new, head_dim)
         if batch_size != self.batch_size:
@@ -127,10 +163,47 @@ class KVCache:
         self.length = stop
         return self.k[:, :, :stop], self.v[:, :, :stop]  # each (N, g, length, head_dim)
 
+    def _claim(self, owner) -> None:
+        """Record ``owner`` (a module) as the one whose keys/values fill the cache; ``MultiHeadAttention`` calls this
+        once its call has succeeded, and :meth:`check_append` refuses other modules until :meth:`reset`."""
+        if self._owner is None or self._owner() is not owner:
+            self._owner = weakref.ref(owner)  # weak: the cache does not keep a deleted model alive
+
     def reset(self) -> None:
-        """Forget every cached position (the buffers are kept, not zeroed: only the prefix is ever read)."""
-        self.length = 0
+        """Forget every cached position and the module that wrote them (the buffers are kept, not zeroed: only the
+        prefix is ever read)."""
+        self._length = 0
+        self._owner = None
+
+    def __getstate__(self) -> dict:
+        """Pickling and copying keep everything but the owner (a weak reference, which cannot be pickled)."""
+        return {**self.__dict__, "_owner": None}
 
     def __repr__(self) -> str:
         return (f"KVCache(batch_size={self.batch_size}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
                 f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, length={self.length})")
+
+
+def _check_device(device) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None: torch's default), or raise before anything is allocated.
+
+    TypeError for another type, ValueError for a string torch does not parse and for CUDA where it is not available
+    (torch itself raises an AssertionError there).
+    """
+    if device is None:
+        return None
+    check_type("device", device, (str, torch.device), "a str, a torch.device or None")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device must be a device such as 'cpu', 'cuda', 'cuda:1', 'mps' or 'meta', got {device!r}") \
+            from err
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device must be a device torch can allocate on here, got {device!r} (CUDA is not "
+                             f"available: torch.cuda.is_available() is False)")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"device must be a device torch can allocate on here, got {device!r} (this machine has "
+                             f"{count} CUDA device(s): cuda:0 to cuda:{count - 1})")
+    return parsed

@@ -186,13 +186,18 @@ class TinyTransformer(nn.Module):
         positions = torch.arange(offset, offset + length, device=idx.device)  # (L,)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (N, L, d_model)
         all_weights = [] if need_weights else None
-        for i, block in enumerate(self.blocks):
-            x, weights = block(x, need_weights=need_weights,
-                               head_mask=None if head_mask is None else head_mask[i],
-                               kv_cache=None if kv_caches is None else kv_caches[i])
-            if need_weights:
-                all_weights.append(weights)  # (N, h, L, L_kv)
-        logits = self.lm_head(self.ln_f(x))  # (N, L, vocab_size)
+        try:
+            for i, block in enumerate(self.blocks):
+                x, weights = block(x, need_weights=need_weights,
+                                   head_mask=None if head_mask is None else head_mask[i],
+                                   kv_cache=None if kv_caches is None else kv_caches[i])
+                if need_weights:
+                    all_weights.append(weights)  # (N, h, L, L_kv)
+            logits = self.lm_head(self.ln_f(x))  # (N, L, vocab_size)
+        except BaseException:  # a failed call leaves every layer's cache as it was, not the first layers advanced
+            for cache in kv_caches or ():
+                cache.length = offset
+            raise
         loss = None
         if targets is not None:
             flat_logits = logits.view(n_seq * length, -1)  # (N * L, vocab_size)
@@ -217,7 +222,13 @@ class TinyTransformer(nn.Module):
                 raise ValueError(f"kv_caches must be a list of n_layers={cfg.n_layers} KVCache (see "
                                  f"make_kv_caches), got {type(kv_caches).__name__} of length "
                                  f"{len(kv_caches) if hasattr(kv_caches, '__len__') else '?'}")
-            offset = kv_caches[0].length
+            for i, cache in enumerate(kv_caches):
+                check_type(f"kv_caches[{i}]", cache, KVCache, "a mha.KVCache (see make_kv_caches)")
+            lengths = [cache.length for cache in kv_caches]
+            if len(set(lengths)) > 1:
+                raise ValueError(f"kv_caches hold different numbers of positions {lengths}: the layers' caches must "
+                                 f"advance together (make them with make_kv_caches and pass them all on every call)")
+            offset = lengths[0]
         if offset + length > cfg.block_size:
             raise ValueError(f"sequence too long: {offset} cached + {length} new positions > block_size "
                              f"{cfg.block_size} (idx has shape {tuple(idx.shape)}); crop it to the last "

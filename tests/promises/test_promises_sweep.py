@@ -19,7 +19,7 @@ from mha.experiments import sweep
 from mha.experiments.results import SweepResults, sweep_names
 from mha.experiments.sweep import ChangedRunsError, Results, SweepBusyError, load_sweep, run_sweep
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = {"task": "two_offset", "task_kwargs": {}, "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1,
         "batch_size": 4, "warmup_steps": 1}
 
