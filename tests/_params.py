@@ -1,9 +1,12 @@
-"""Random parameter dicts in the reference convention (W_q, W_k, W_v, W_o, b_*), shared by the tests."""
+"""Shared by the tests: random parameter dicts in the reference convention (W_q, W_k, W_v, W_o, b_*), random
+tensors, mha.MultiHeadAttention modules with random weights, and papermill notebooks."""
 
 import math
 
 import numpy as np
 import torch
+
+from mha import MultiHeadAttention
 
 
 def make_params(rng, d_model, n_heads, n_kv_heads, head_dim, bias=True):
@@ -33,3 +36,33 @@ def torch_mha_module(p, d_model, n_heads):
         mha.out_proj.weight.copy_(t(p["W_o"]).T)
         mha.out_proj.bias.copy_(t(p["b_o"]))
     return mha
+
+
+def make(d_model=16, n_heads=4, seed=0, dtype=torch.float64, device="cpu", **kwargs):
+    """A module in eval mode with random weights and (when bias) visibly non-zero biases."""
+    torch.manual_seed(seed)
+    m = MultiHeadAttention(d_model, n_heads, **kwargs)
+    with torch.no_grad():
+        for lin in (m.q_proj, m.k_proj, m.v_proj, m.o_proj):
+            if lin.bias is not None:
+                lin.bias.normal_(0.0, 0.5)
+    return m.to(dtype=dtype, device=device).eval()
+
+
+def randn(*shape, seed=1, dtype=torch.float64, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def write_notebook(path, parameters: str, body: str):
+    """A papermill notebook at ``path``: a cell tagged 'parameters' holding ``parameters``, then ``body``."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cell = nbformat.v4.new_code_cell(parameters)
+    cell.metadata["tags"] = ["parameters"]
+    notebook.cells = [cell, nbformat.v4.new_code_cell(body)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+    return path

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from mha import MultiHeadAttention, reference
 
+from _params import make, randn
+
 F64 = torch.float64
 IMPLS = ["sdpa", "naive"]
 _skip_without_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
@@ -24,22 +26,6 @@ _skip_without_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="C
 def needs_cuda(test):
     """Marked ``cuda`` (``pytest -m cuda``: the GPU check runs these) and skipped without a CUDA device."""
     return pytest.mark.cuda(_skip_without_cuda(test))
-
-
-def make(d_model=16, n_heads=4, seed=0, dtype=F64, device="cpu", **kwargs):
-    """A module in eval mode with random weights and (when bias) visibly non-zero biases."""
-    torch.manual_seed(seed)
-    m = MultiHeadAttention(d_model, n_heads, **kwargs)
-    with torch.no_grad():
-        for lin in (m.q_proj, m.k_proj, m.v_proj, m.o_proj):
-            if lin.bias is not None:
-                lin.bias.normal_(0.0, 0.5)
-    return m.to(dtype=dtype, device=device).eval()
-
-
-def randn(*shape, seed=1, dtype=F64, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=F64).to(dtype=dtype, device=device)
 
 
 def causal_bottom_right(l_q, l_kv):

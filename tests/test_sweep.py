@@ -6,12 +6,13 @@ import hashlib
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
 import yaml
 
 from mha.experiments import sweep
 from mha.experiments.sweep import REQUIRED_COLUMNS, Results, load_sweep, run_sweep
+
+from _params import write_notebook
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NOTEBOOK = REPO / "experiments" / "notebooks" / "train.ipynb"
@@ -33,22 +34,16 @@ def read_csv(path):
 @pytest.fixture(scope="module")
 def dummy_notebook(tmp_path_factory):
     """A notebook without torch (a run takes about a kernel start): it writes x / 2 as val_loss, or raises."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell('x = 1\nfail = False\nout_dir = ""\nthreads = 1')
-    params.metadata["tags"] = ["parameters"]
-    body = nbformat.v4.new_code_cell(
-        "import json, os, pathlib\n"
-        "from ipykernel.connect import get_connection_file\n"
-        "if fail:\n    raise RuntimeError('asked to fail')\n"
-        "metrics = {'val_loss': x / 2, 'history': [1, 2], 'omp': os.environ.get('OMP_NUM_THREADS'),\n"
-        "           'threads': threads, 'pid': os.getpid(),\n"
-        "           'transport': json.loads(pathlib.Path(get_connection_file()).read_text())['transport']}\n"
-        "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
-    nb.cells = [params, body]
-    path = tmp_path_factory.mktemp("nb") / "dummy.ipynb"
-    nbformat.write(nb, path)
-    return path
+    return write_notebook(tmp_path_factory.mktemp("nb") / "dummy.ipynb",
+                          'x = 1\nfail = False\nout_dir = ""\nthreads = 1',
+                          "import json, os, pathlib\n"
+                          "from ipykernel.connect import get_connection_file\n"
+                          "if fail:\n    raise RuntimeError('asked to fail')\n"
+                          "metrics = {'val_loss': x / 2, 'history': [1, 2], 'omp': os.environ.get('OMP_NUM_THREADS'),\n"
+                          "           'threads': threads, 'pid': os.getpid(),\n"
+                          "           'transport': json.loads(pathlib.Path(get_connection_file()).read_text())"
+                          "['transport']}\n"
+                          "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
 
 
 BASE = {"task": "two_offset", "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1, "batch_size": 4,

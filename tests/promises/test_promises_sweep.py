@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
 import yaml
@@ -18,6 +17,8 @@ from mha.experiments import config as config_module
 from mha.experiments import sweep
 from mha.experiments.results import SweepResults, sweep_names
 from mha.experiments.sweep import ChangedRunsError, Results, SweepBusyError, load_sweep, run_sweep
+
+from _params import write_notebook
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"task": "two_offset", "task_kwargs": {}, "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1,
@@ -91,19 +92,13 @@ def test_the_book_refuses_rows_it_cannot_vouch_for(tmp_path, fake_runs):
 def test_a_run_that_used_another_configuration_fails(tmp_path):
     """A run whose template ran another configuration than the runner asked for (a stale template) is 'failed'."""
     (tmp_path / ".git").mkdir()  # a repository of its own, whose train template is stale
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    parameters = nbformat.v4.new_code_cell('overrides = {}\nout_dir = ""\nartifacts_dir = ""')
-    parameters.metadata["tags"] = ["parameters"]
-    body = nbformat.v4.new_code_cell(
-        "import json, pathlib\n"
-        "from mha.experiments.config import TrainRun\n"
-        "config = TrainRun.from_dict({**overrides, 'mlp_ratio': 2})\n"
-        "metrics = {'val_loss': 1.0, 'study': 'train', 'config': config.to_dict()}\n"
-        "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
-    notebook.cells = [parameters, body]
-    (tmp_path / "experiments" / "notebooks").mkdir(parents=True)
-    nbformat.write(notebook, tmp_path / "experiments" / "notebooks" / "train.ipynb")
+    write_notebook(tmp_path / "experiments" / "notebooks" / "train.ipynb",
+                   'overrides = {}\nout_dir = ""\nartifacts_dir = ""',
+                   "import json, pathlib\n"
+                   "from mha.experiments.config import TrainRun\n"
+                   "config = TrainRun.from_dict({**overrides, 'mlp_ratio': 2})\n"
+                   "metrics = {'val_loss': 1.0, 'study': 'train', 'config': config.to_dict()}\n"
+                   "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
     rows = run_sweep(write(tmp_path, grid={"seed": [0]}), out=tmp_path / "out", progress=False)
     assert rows[0]["status"] == "failed" and "mlp_ratio: 2 then, 4 now" in rows[0]["error"]
 
@@ -161,14 +156,9 @@ def _descendants(pid):
 def test_one_runner_per_sweep_and_its_workers_end_with_it(tmp_path):
     """A second runner on a busy sweep stops at once naming the first one's pid; when the first is killed with
     SIGKILL, the processes it started (pool workers, their kernels) end too, and the sweep can be run again."""
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    parameters = nbformat.v4.new_code_cell('x = 1\nout_dir = ""')
-    parameters.metadata["tags"] = ["parameters"]
-    notebook.cells = [parameters, nbformat.v4.new_code_cell(
-        "import json, pathlib, time\ntime.sleep(600)\n"
-        "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps({'val_loss': x}))")]
-    nbformat.write(notebook, tmp_path / "slow.ipynb")
+    write_notebook(tmp_path / "slow.ipynb", 'x = 1\nout_dir = ""',
+                   "import json, pathlib, time\ntime.sleep(600)\n"
+                   "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps({'val_loss': x}))")
     path = tmp_path / "slow.yaml"
     path.write_text("name: slow\nnotebook: slow.ipynb\ngrid: {x: [1, 2]}\n")
     runner = subprocess.Popen([sys.executable, "-m", "mha.sweep", str(path), "--jobs", "2"],

@@ -21,24 +21,10 @@ from torch import nn
 from mha import KVCache, MultiHeadAttention, reference
 from mha.convert import copy_to_torch_mha
 
+from _params import make, randn
+
 F64 = torch.float64
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-def make(d_model=16, n_heads=4, dtype=F64, seed=0, **kwargs):
-    """A module in eval mode with random weights and visibly non-zero biases."""
-    torch.manual_seed(seed)
-    m = MultiHeadAttention(d_model, n_heads, **kwargs)
-    with torch.no_grad():
-        for lin in (m.q_proj, m.k_proj, m.v_proj, m.o_proj):
-            if lin.bias is not None:
-                lin.bias.normal_(0.0, 0.5)
-    return m.to(dtype).eval()
-
-
-def randn(*shape, seed=1, dtype=F64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=F64).to(dtype)
 
 
 def causal_reference(m, x):
