@@ -1,6 +1,6 @@
-"""Tests for mha.experiments.bench: the timing core's bookkeeping (with a fake clock), the memory and backend probes, the
-contenders' equivalence, and one seconds-long ``--quick`` smoke run of the CLI (its JSON schema). No test asserts
-a time."""
+"""Tests for mha.experiments.bench: the timer's bookkeeping (mha.experiments.timing, with a fake clock), the memory
+and backend probes, the contenders' equivalence, the machine's record, and one seconds-long ``--quick`` smoke run of
+the CLI (its JSON schema). No test asserts a time."""
 
 import json
 import math
@@ -16,7 +16,9 @@ from mha.attention import MultiHeadAttention
 from mha.convert import copy_to_torch_mha
 from mha.experiments.bench import (SECTIONS, ScriptedClock, TorchTransformer, compare, peak_memory_bytes,
                                    sdpa_backend_used, sdpa_backends_runnable)
+from mha.experiments.machine import machine_info, machine_record
 from mha.experiments.model import TinyTransformer, TransformerConfig, expand_kv_heads
+from mha.experiments.timing import TimingConfig, paired_times, ratio_summary, summary
 
 torch.set_num_threads(1)
 
@@ -69,6 +71,42 @@ def test_compare_rejects_bad_arguments(kwargs, error):
     args = dict(repeats=2, warmup=1) | kwargs
     with pytest.raises(error, match=next(iter(kwargs))):
         compare(lambda: None, lambda: None, **args)
+
+
+def test_paired_times_rotates_the_order_of_three_contenders():
+    clock = FakeClock()
+    fns = {name: clock.contender(name, [1.0] * 5) for name in "abc"}
+    result = paired_times(fns, repeats=4, warmup=1, clock=clock)
+    assert clock.log == list("abc" "abc" "bca" "cab" "abc")  # warmup, then each round starts one later
+    assert result["calls"] == 1 and result["times"] == {name: [1.0] * 4 for name in "abc"}
+    with pytest.raises(ValueError, match="at least one contender"):
+        paired_times({}, repeats=1)
+
+
+def test_summary_and_ratio_summary_are_medians_and_quartiles():
+    assert summary([4.0, 1.0, 3.0, 2.0, 5.0]) == dict(median=3.0, q1=2.0, q3=4.0, iqr=2.0)
+    assert ratio_summary([2.0, 8.0, 3.0], [1.0, 2.0, 3.0])["median"] == 2.0  # per-pair ratios 2, 4, 1
+    with pytest.raises(ValueError):
+        ratio_summary([1.0, 2.0], [1.0])  # unpaired lists are an error, not a silent truncation
+
+
+def test_bench_config_takes_the_timer_settings_from_timing_config():
+    from mha.experiments.bench import QUICK, BenchConfig
+    assert isinstance(QUICK, TimingConfig) and BenchConfig().timing_kwargs() == TimingConfig().timing_kwargs()
+    assert list(BenchConfig.__dataclass_fields__)[:3] == ["repeats", "warmup", "min_time_s"]  # the JSON's order
+    for kwargs, error in [(dict(repeats=0), ValueError), (dict(warmup=1.5), TypeError),
+                          (dict(min_time_s=-1), ValueError)]:
+        with pytest.raises(error, match=next(iter(kwargs))):
+            BenchConfig(**kwargs)
+
+
+def test_machine_record_holds_machine_info_under_the_benchmark_names():
+    cpu = torch.device("cpu")
+    info, record = machine_info(cpu), machine_record(cpu)
+    assert (record["type"], record["name"], record["cpu"], record["cpu_id"]) == (
+        info["device"], info["device_name"], info["cpu_model"], info["cpu_id"])
+    assert record["num_threads"] == torch.get_num_threads() and record["torch_version"] == torch.__version__
+    assert record["cpu_count"] >= 1 and record["cuda"] is None and record["slug"].startswith("cpu-")
 
 
 def test_peak_memory_bytes_counts_simultaneous_allocations():
@@ -157,6 +195,7 @@ def test_quick_cli_writes_the_json_schema(tmp_path):
     assert result["quick"] is True and result["note"] == "smoke" and result["num_threads"] == 1
     assert result["device"]["type"] in ("cpu", "cuda") and result["device"]["name"]
     assert result["torch_version"] == torch.__version__ and result["config"]["repeats"] == 2
+    assert result["device"]["torch_version"] == result["torch_version"] and result["device"]["num_threads"] == 1
     assert set(result["sections"]) == set(SECTIONS)
 
     def check(point, same_function=True):
@@ -194,5 +233,6 @@ def test_run_rejects_unknown_sections_and_names_the_device():
     with pytest.raises(ValueError, match="unknown sections \\['attn'\\]"):
         run(QUICK, sections=["attn"], device="cpu", progress=False)
     info = device_info(torch.device("cpu"))
+    assert info == machine_record(torch.device("cpu"))  # the one record of the machine
     assert info["type"] == "cpu" and info["name"] and info["slug"].startswith("cpu-")
     assert set(info["slug"]) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")

@@ -180,6 +180,28 @@ def test_decode_step_flops_by_hand():
         assert C.flops(1, L, L, 16, 4).total == L * C.decode_step_flops(1, L - 1, 16, 4).total
 
 
+@pytest.mark.parametrize("batch,L_q,L_kv,n_heads,head_dim", [(1, 1, 1, 1, 1), (2, 16, 12, 4, 8), (3, 9, 9, 2, 5)])
+def test_attention_core_flops_match_torch_sdpa_flop_formulas(batch, L_q, L_kv, n_heads, head_dim):
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q, kv = (batch, n_heads, L_q, head_dim), (batch, n_heads, L_kv, head_dim)
+    forward = C.attention_core_flops(batch, L_q, L_kv, n_heads, head_dim)
+    assert forward == sdpa_flop_count(q, kv, kv)
+    assert C.attention_core_flops(batch, L_q, L_kv, n_heads, head_dim, backward=True) == \
+        forward + sdpa_backward_flop_count(q, q, kv, kv)  # backward = 2.5 forwards (five products)
+    count = C.flops(batch, L_q, L_kv, n_heads * head_dim, n_heads, head_dim=head_dim)
+    assert forward == count["qk"] + count["av"]  # the layer's two attention products, nothing else
+
+
+def test_attention_core_flops_causal_convention_by_hand():
+    # N = 2, h = 3, L = 8, hd = 4: 4 N h L^2 hd = 6144; causal halves it (L_q = L_kv only); backward x 3.5.
+    assert C.attention_core_flops(2, 8, 8, 3, 4) == 4 * 2 * 3 * 8 * 8 * 4 == 6144
+    assert C.attention_core_flops(2, 8, 8, 3, 4, is_causal=True) == 3072
+    assert C.attention_core_flops(2, 8, 8, 3, 4, is_causal=True, backward=True) == 3072 * 7 // 2
+    assert C.attention_core_flops(2, 4, 8, 3, 4, is_causal=True) == C.attention_core_flops(2, 4, 8, 3, 4)
+    assert isinstance(C.attention_core_flops(1, 3, 3, 1, 1, is_causal=True, backward=True), int)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Memory.
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,6 +254,13 @@ def test_attention_matrix_bytes_matches_weights_nbytes(dtype, batch, L_q, L_kv, 
         pytest.param(lambda: C.kv_cache_bytes(1, 1, 1, 1, 1, 0), ValueError, r"dtype_bytes .* got 0", id="bytes"),
         pytest.param(lambda: C.kv_cache_bytes(1, "4", 1, 1, 1, 2), TypeError, r"seq_len .* got '4'", id="Lstr"),
         pytest.param(lambda: C.attention_matrix_bytes(1, 1, 1, 0, 4), ValueError, r"n_heads .* got 0", id="am_h"),
+        pytest.param(lambda: C.attention_core_flops(1, 1, 1, 0, 4), ValueError, r"n_heads .* got 0", id="core_h"),
+        pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4.0), TypeError, r"head_dim .* got 4\.0", id="core_hd"),
+        pytest.param(lambda: C.attention_core_flops(1, 0, 1, 2, 4), ValueError, r"seq_len_q .* got 0", id="core_L"),
+        pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4, is_causal=1), TypeError,
+                     r"is_causal must be True or False", id="core_causal"),
+        pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4, backward="yes"), TypeError,
+                     r"backward must be True or False", id="core_backward"),
     ],
 )
 def test_counting_argument_errors(call, exc, match):

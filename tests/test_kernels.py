@@ -348,22 +348,41 @@ def test_import_mha_works_without_triton_and_kernels_says_how_to_install():
 
 @needs_triton
 def test_benchmark_smoke_run_is_json(kernels):
+    from mha import counting
     from mha.kernels import benchmark
 
     if HAS_CUDA:
         config = benchmark.BenchConfig(seq_lens=(256,), head_dims=(64,), dtypes=("bfloat16",), repeats=3, warmup=1)
     else:  # the interpreter: tiny sizes, one repeat; no time is asserted
         config = benchmark.BenchConfig(seq_lens=(16,), head_dims=(16,), dtypes=("float32",), batch=1, n_heads=1,
-                                       repeats=1, warmup=0, matmul_size=64)
+                                       repeats=1, warmup=1, matmul_size=64)
     result = benchmark.run_benchmark(DEVICE, config)
     json.dumps(result)  # JSON-serialisable
     assert result["device"]["type"] == DEVICE and result["matmul_rate_flops"] > 0
+    assert result["device"]["interpreted"] is kernels.is_interpreted() and result["device"]["slug"].startswith(DEVICE)
+    assert result["config"]["repeats"] == config.repeats
     rows = result["rows"]
     assert {r["causal"] for r in rows} == {False, True} and {r["pass"] for r in rows} == {"forward", "forward+backward"}
     for row in rows:
+        assert row["flops"] == counting.attention_core_flops(row["batch"], row["seq_len"], row["seq_len"],
+                                                             row["n_heads"], row["head_dim"], row["causal"],
+                                                             backward=row["pass"] != "forward")
         assert row["flops"] > 0 and row["triton_s"] > 0 and row["naive_s"] > 0
         assert row["flash_backend_s"] is None or row["flash_backend_s"] > 0
         assert row["triton_tflops"] > 0 and 0 < row["triton_fraction_of_matmul"]
+
+
+@needs_triton
+def test_benchmark_config_is_a_timing_config_and_quick_is_smaller(kernels):
+    from mha.experiments.timing import TimingConfig
+    from mha.kernels import benchmark
+
+    assert benchmark.BenchConfig is benchmark.KernelBenchConfig  # the earlier name, one class
+    default = benchmark.KernelBenchConfig()
+    assert isinstance(default, TimingConfig) and (default.repeats, default.warmup) == (15, 3)
+    assert set(benchmark.QUICK.seq_lens) < set(default.seq_lens) and benchmark.QUICK.head_dims == (64,)
+    with pytest.raises(ValueError, match="warmup"):
+        benchmark.KernelBenchConfig(warmup=0)  # the first call compiles: it is never timed
 
 
 # ------------------------------------------------------------------------------------------------- CUDA only

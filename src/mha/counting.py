@@ -6,7 +6,7 @@ g = n_kv_heads (defaults to h), hd = head_dim (defaults to d / h). Every functio
 argument otherwise.
 
 Book: part II, 'Counting everything' (and 'Autoregressive decoding and the KV cache' for ``decode_step_flops`` and
-``kv_cache_bytes``).
+``kv_cache_bytes``; 'From the recurrence to a kernel' for ``attention_core_flops``, the count kernel benchmarks use).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mha._checks import check_bool, check_int, head_shape
 
 __all__ = [
     "param_count", "flops", "matmul_flops", "decode_step_flops", "FlopCount", "kv_cache_bytes",
-    "attention_matrix_bytes",
+    "attention_matrix_bytes", "attention_core_flops",
 ]
 
 # Elementwise operations counted per attention score in the softmax step (documented in ``flops``).
@@ -99,6 +99,27 @@ def _count(N, L_q, L_new_kv, L_kv, d, h, g, hd):
 def matmul_flops(batch, seq_len_q, seq_len_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
     """Matmul FLOPs only (= ``flops(...)['matmul_total']``): what ``FlopCounterMode`` counts for the naive form."""
     return flops(batch, seq_len_q, seq_len_kv, d_model, n_heads, n_kv_heads, head_dim)["matmul_total"]
+
+
+def attention_core_flops(batch, seq_len_q, seq_len_kv, n_heads, head_dim, is_causal=False, backward=False):
+    """FLOPs of the attention core alone, ``softmax(scale q k^T) v`` on (N, h, L, hd) heads, by the convention
+    FlashAttention benchmarks convert to TFLOP/s: its two matrix products, no projections, no softmax.
+
+    * forward: ``flops(...)['qk'] + flops(...)['av']`` = 4 N h L_q L_kv hd (GQA shares K and V, not the work);
+    * ``is_causal=True`` with L_q = L_kv: half of it (the FlashAttention papers' convention; the exact number of
+      allowed scores, L (L + 1) / 2 per head, differs by a factor 1 + 1/L); with L_q != L_kv, not halved;
+    * ``backward=True``: forward and backward, 3.5 times the forward. The backward is counted as five products of
+      the forward's size (the scores recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q): 2.5 forwards,
+      as ``torch.utils.flop_counter`` counts SDPA's backward. (The naive backward, which keeps P, does four.)
+
+    Book: part II, 'Counting everything'; 'From the recurrence to a kernel' (the kernel benchmark's TFLOP/s).
+    """
+    n_heads, head_dim = check_int("n_heads", n_heads), check_int("head_dim", head_dim)
+    count = flops(batch, seq_len_q, seq_len_kv, n_heads * head_dim, n_heads, head_dim=head_dim)
+    forward = count["qk"] + count["av"]
+    if check_bool("is_causal", is_causal) and seq_len_q == seq_len_kv:
+        forward //= 2  # 4 N h L^2 hd is even
+    return forward * 7 // 2 if check_bool("backward", backward) else forward
 
 
 def decode_step_flops(batch, cache_len, d_model, n_heads, n_kv_heads=None, head_dim=None):

@@ -4,6 +4,11 @@ Book: appendix "Benchmarks" (loads the JSON, shows the tables and plots); part I
 counts behind the GFLOP/s section), "Autoregressive decoding and the KV cache" and "MQA and GQA" (the decoding
 section); part I, "From one head to h heads" (the module under test).
 
+This module holds what is measured: the configuration (:class:`BenchConfig`), the probes (peak memory, which SDPA
+backend ran), the contenders and the sections. The timer is :mod:`mha.experiments.timing` (:func:`compare` and
+:class:`ScriptedClock` are re-exported here); running the sections, recording the run and the command line are
+:mod:`mha.experiments.bench_run` (:func:`run`, :func:`main` and :func:`device_info` are re-exported here).
+
 Method (one function, :func:`compare`, times every pair). Both contenders are first checked to compute the same
 outputs (``torch.allclose``, recorded as ``max_abs_diff`` and ``outputs_match``), then each runs ``warmup`` untimed
 calls, then the two are *alternated* for ``repeats`` pairs (a then b, b then a, ...), each timing measured with
@@ -41,45 +46,29 @@ alone (``torch.nn.attention.sdpa_kernel([backend])``). The CPU flash kernel is r
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import math
-import os
-import platform
-import re
-import subprocess
 import sys
-import time
 import warnings
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
-from mha._checks import check_float, check_int
 from mha import counting
 from mha.convert import copy_to_torch_mha
 from mha.attention import MultiHeadAttention
 from mha.experiments.model import TinyTransformer, TransformerConfig, expand_kv_heads
-from mha.experiments.io import save_json
-from mha.experiments.machine import cpu_model, device_name, resolve_device
+from mha.experiments.timing import ScriptedClock, TimingConfig, compare, ratio_summary, summary
 
 __all__ = ["BenchConfig", "QUICK", "ScriptedClock", "compare", "peak_memory_bytes", "sdpa_backend_used", "sdpa_backends_runnable",
            "TorchTransformer", "device_info", "run", "main", "SECTIONS"]
 
 SECTIONS = ("attention", "naive", "decode", "train", "gflops", "kernels")
-SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    repeats: int = 11  # timed pairs per point (the median of the per-pair ratios is reported)
-    warmup: int = 2  # untimed calls of each contender before the timed pairs (after the output check's call)
-    min_time_s: float = 0.02  # a timing repeats a call until it lasts this long (0: one call per timing)
+class BenchConfig(TimingConfig):
+    # repeats (11), warmup (2), min_time_s (0.02): the timer's settings, mha.experiments.timing.TimingConfig
     seed: int = 0  # seeds the weights and inputs
     # attention (ours vs torch.nn.MultiheadAttention), naive (naive vs sdpa) and gflops sections
     batch: int = 8  # N
@@ -122,99 +111,8 @@ _BACKEND_OPS = {
 }
 
 
-# ------------------------------------------------------------------------------------------------ timing core
-def _quartiles(values) -> tuple[float, float, float]:
-    q1, median, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
-    return float(q1), float(median), float(q3)
-
-
-def _summary(values) -> dict:
-    """median, q1, q3 (and the IQR q3 - q1) of a list of numbers."""
-    q1, median, q3 = _quartiles(values)
-    return dict(median=median, q1=q1, q3=q3, iqr=q3 - q1)
-
-
-def _synchronize(device) -> None:
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class ScriptedClock:
-    """A clock that moves only when a contender runs, each call adding the contender's next scripted cost: it
-    shows what :func:`compare` does with given timings (book: appendix "Benchmarks"; tests/test_bench.py)."""
-
-    def __init__(self):
-        self.now = 0.0
-        self.log = []  # the contenders' names, in the order they ran
-
-    def __call__(self) -> float:
-        return self.now
-
-    def contender(self, costs, name: str = "") -> callable:
-        """A contender whose k-th call costs ``costs[k]`` seconds of this clock."""
-        costs = iter(costs)
-
-        def fn():
-            self.log.append(name)
-            self.now += next(costs)
-
-        return fn
-
-
-def compare(fn_a, fn_b, repeats: int, warmup: int = 1, min_time_s: float = 0.0, device=None,
-            clock=None, max_calls: int = 10_000) -> dict:
-    """Time ``fn_a`` against ``fn_b`` side by side; return the median per-pair ratio time(a) / time(b).
-
-    Each contender first runs ``warmup`` (>= 1) untimed calls; the slower contender's last one sets how many calls
-    every timing makes, the same for both (enough for the slower one to last ``min_time_s``, at most ``max_calls``).
-    Then ``repeats`` pairs are timed, alternating the order (a, b), (b, a), (a, b), ... so neither contender always
-    runs first. Each timing is ``clock()`` around its calls, with ``torch.cuda.synchronize`` before and after on
-    CUDA, divided by the number of calls. The default clock is ``torch.utils.benchmark``'s timer (wall time, which
-    itself waits for queued CUDA work).
-
-    Returns a dict: ``ratio`` (median of the per-pair ratios a / b), ``ratio_q1``, ``ratio_q3``, ``ratio_iqr``;
-    ``a_s`` and ``b_s`` (median seconds per call) with their quartiles (``a_q1_s``, ...); ``calls_a``, ``calls_b``,
-    ``repeats``, ``warmup``; and the raw per-pair times ``pairs_a_s``, ``pairs_b_s``.
-    """
-    for name, value in (("repeats", repeats), ("warmup", warmup), ("max_calls", max_calls)):
-        check_int(name, value)
-    min_time_s = check_float("min_time_s", min_time_s, minimum=0.0)
-    if clock is None:
-        from torch.utils.benchmark.utils.timer import timer as clock  # perf_counter, CUDA-synchronised
-
-    def timed(fn, calls):
-        _synchronize(device)
-        start = clock()
-        for _ in range(calls):
-            fn()
-        _synchronize(device)
-        return (clock() - start) / calls
-
-    for _ in range(warmup):
-        warm_a, warm_b = timed(fn_a, 1), timed(fn_b, 1)
-    slower = max(warm_a, warm_b)  # both contenders make the same number of calls per timing
-    calls = 1 if min_time_s == 0 or slower >= min_time_s else min(max_calls, math.ceil(min_time_s / max(slower, 1e-9)))
-    calls_a = calls_b = calls
-    times_a, times_b = [], []
-    for r in range(repeats):
-        if r % 2 == 0:
-            time_a = timed(fn_a, calls_a)
-            time_b = timed(fn_b, calls_b)
-        else:
-            time_b = timed(fn_b, calls_b)
-            time_a = timed(fn_a, calls_a)
-        times_a.append(time_a)
-        times_b.append(time_b)
-    ratio = _summary([a / b for a, b in zip(times_a, times_b)])
-    a, b = _summary(times_a), _summary(times_b)
-    return dict(ratio=ratio["median"], ratio_q1=ratio["q1"], ratio_q3=ratio["q3"], ratio_iqr=ratio["iqr"],
-                a_s=a["median"], a_q1_s=a["q1"], a_q3_s=a["q3"], b_s=b["median"], b_q1_s=b["q1"], b_q3_s=b["q3"],
-                calls_a=calls_a, calls_b=calls_b, repeats=repeats, warmup=warmup,
-                pairs_a_s=times_a, pairs_b_s=times_b)
-
-
 def _timing(cfg: BenchConfig, fn_a, fn_b, device) -> dict:
-    return compare(fn_a, fn_b, repeats=cfg.repeats, warmup=cfg.warmup, min_time_s=cfg.min_time_s, device=device)
+    return compare(fn_a, fn_b, device=device, **cfg.timing_kwargs())
 
 
 # ------------------------------------------------------------------------------------------------ memory, backends
@@ -588,7 +486,7 @@ def section_train(cfg: BenchConfig, device: torch.device, progress: bool = True)
     bar.update()
     bar.close()
     tokens = cfg.train_batch * cfg.train_block_size
-    throughput = _summary([b / a for a, b in zip(timing["pairs_a_s"], timing["pairs_b_s"])])
+    throughput = ratio_summary(timing["pairs_b_s"], timing["pairs_a_s"])  # per pair: time(torch) / time(ours)
     point = dict(**check, tokens_per_step=tokens, tokens_per_s_ours=tokens / timing["a_s"],
                  tokens_per_s_torch=tokens / timing["b_s"], throughput_ratio=throughput["median"],
                  throughput_ratio_q1=throughput["q1"], throughput_ratio_q3=throughput["q3"], **timing,
@@ -623,7 +521,7 @@ def section_gflops(cfg: BenchConfig, device: torch.device, progress: bool = True
         flops_attention = counting.flops(cfg.batch, seq_len, seq_len, d_model, cfg.n_heads)["total"]
         flops_matmul = 2 * n ** 3
         timing = _timing(cfg, attention, matmul, device)
-        fraction = _summary([(flops_attention / ta) / (flops_matmul / tb)
+        fraction = summary([(flops_attention / ta) / (flops_matmul / tb)
                              for ta, tb in zip(timing["pairs_a_s"], timing["pairs_b_s"])])
         points.append(dict(dtype=_dtype_name(dtype), batch=cfg.batch, seq_len=seq_len, d_model=d_model,
                            n_heads=cfg.n_heads, flops_attention=flops_attention, flops_matmul=flops_matmul,
@@ -638,7 +536,8 @@ def section_gflops(cfg: BenchConfig, device: torch.device, progress: bool = True
 def section_kernels(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
     """The package's Triton FlashAttention kernel against SDPA's flash backend and the naive path (bfloat16,
     forward and forward+backward, L from 512 to 16k, head_dim 64 and 128, causal and not; TFLOP/s and the fraction
-    of a bf16 matmul measured in the same run): :func:`mha.kernels.benchmark.run_benchmark`. CUDA only; on a CPU,
+    of a bf16 matmul measured in the same run): :func:`mha.kernels.benchmark.run_benchmark`, with this
+    configuration's timer settings (and its ``QUICK`` sizes when ``cfg`` is :data:`QUICK`). CUDA only; on a CPU,
     or without Triton, the section says why it did not run. Book: part II, "From the recurrence to a kernel"."""
     if device.type != "cuda":
         return dict(skipped="needs a CUDA GPU: on a CPU Triton only interprets the kernel, and its times mean "
@@ -647,119 +546,25 @@ def section_kernels(cfg: BenchConfig, device: torch.device, progress: bool = Tru
         from mha.kernels import benchmark as kernel_benchmark
     except ImportError as error:
         return dict(skipped=f"Triton is not installed ({error}); pip install \"mha-derived[kernels]\"")
-    config = kernel_benchmark.BenchConfig(repeats=cfg.repeats, warmup=cfg.warmup) if cfg != QUICK else \
-        kernel_benchmark.BenchConfig(seq_lens=(512, 1024), head_dims=(64,), repeats=2, warmup=1)
-    return kernel_benchmark.run_benchmark(device, config, progress=progress)
+    quick = replace(QUICK, **cfg.timing_kwargs()) == cfg  # QUICK, whatever --repeats / --warmup said
+    sizes = kernel_benchmark.QUICK if quick else kernel_benchmark.KernelBenchConfig()
+    return kernel_benchmark.run_benchmark(device, replace(sizes, **cfg.timing_kwargs()), progress=progress)
 
 
 SECTION_FUNCTIONS = dict(attention=section_attention, naive=section_naive, decode=section_decode,
                          train=section_train, gflops=section_gflops, kernels=section_kernels)
 
 
-# ------------------------------------------------------------------------------------------------ metadata, CLI
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+def __getattr__(name):
+    # Running the sections, recording the run and the command line live in mha.experiments.bench_run, which imports
+    # this module: they are looked up there when first asked for (``from mha.experiments.bench import run``).
+    if name in ("run", "main", "device_info"):
+        from mha.experiments import bench_run
+        return getattr(bench_run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def device_info(device: torch.device) -> dict:
-    """type, name (GPU name, or the CPU model from /proc/cpuinfo), slug (for the file name), cpu model."""
-    name = device_name(device)
-    return dict(type=device.type, name=name, slug=f"{device.type}-{_slug(name)}", cpu=cpu_model(),
-                cpu_count=os.cpu_count())
+if __name__ == "__main__":  # python -m mha.bench
+    from mha.experiments.bench_run import main
 
-
-def _git(*args) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _dirty_modules() -> list[str] | None:
-    """The loaded ``mha`` source files that differ from the commit (the benchmarked code is then not the commit's)."""
-    paths = sorted({str(Path(module.__file__).resolve().relative_to(REPO_ROOT)) for name, module in sys.modules.items()
-                    if name.split(".")[0] == "mha" and getattr(module, "__file__", None)
-                    and Path(module.__file__).resolve().is_relative_to(REPO_ROOT)})
-    status = _git("status", "--porcelain", "--", *paths)
-    return None if status is None else [line.split(maxsplit=1)[-1] for line in status.splitlines()]
-
-
-def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = True, note: str | None = None,
-        quick: bool = False) -> dict:
-    """Run the chosen sections and return the JSON-ready results dict (see the module docstring)."""
-    unknown = [s for s in sections if s not in SECTION_FUNCTIONS]
-    if unknown:
-        raise ValueError(f"unknown sections {unknown}; expected some of {list(SECTIONS)}")
-    device = resolve_device(device)
-    start = time.perf_counter()
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    results = dict(
-        schema_version=SCHEMA_VERSION, device=device_info(device), torch_version=torch.__version__,
-        python_version=platform.python_version(), num_threads=torch.get_num_threads(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        git_commit=_git("rev-parse", "HEAD"), git_dirty_files=_dirty_modules(),
-        quick=quick, note=note, load_average_start=load_start, config=asdict(cfg),
-        method=("per point: outputs compared (allclose), warmup untimed calls of each contender, then `repeats` "
-                "timed pairs alternating the order (a, b), (b, a), ...; ratio = median over pairs of "
-                "time(a) / time(b), with its quartiles; times are seconds per call (medians)"),
-        sections={})
-    if device.type == "cuda":
-        results["cuda"] = dict(cuda_version=torch.version.cuda, cudnn_version=torch.backends.cudnn.version(),
-                               allow_tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-                               float32_matmul_precision=torch.get_float32_matmul_precision())
-    else:
-        results["cuda_note"] = ("CPU run: no bfloat16 points and no CUDA SDPA backends; on a CUDA machine the same "
-                                "command adds bfloat16 and reports flash / efficient / cudnn / math.")
-    for name in sections:
-        section_start = time.perf_counter()
-        results["sections"][name] = SECTION_FUNCTIONS[name](cfg, device, progress=progress)
-        results["sections"][name]["elapsed_s"] = time.perf_counter() - section_start
-    results["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    results["total_s"] = time.perf_counter() - start
-    return results
-
-
-def _parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m mha.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run: tiny sizes, 2 repeats")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
-    parser.add_argument("--out", default=None, help="JSON path (default: experiments/benchmarks/<device>.json; "
-                                                    "with --quick, _build/bench/<device>-quick.json)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed pairs per point")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per contender before timing")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--note", default=None, help="a remark stored in the JSON (e.g. 'machine was loaded')")
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> Path:
-    args = _parse_args(argv)
-    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    cfg = QUICK if args.quick else BenchConfig()
-    overrides = {name: getattr(args, name) for name in ("repeats", "warmup") if getattr(args, name) is not None}
-    for name, value in overrides.items():
-        if value < 1:
-            raise SystemExit(f"--{name} must be >= 1, got {value}")
-    cfg = replace(cfg, **overrides)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    results = run(cfg, sections=sections, device=args.device, progress=not args.no_progress, note=args.note,
-                  quick=args.quick)
-    slug = results["device"]["slug"]
-    if args.out is not None:
-        out = Path(args.out)
-    elif args.quick:
-        out = REPO_ROOT / "_build" / "bench" / f"{slug}-quick.json"
-    else:
-        out = REPO_ROOT / "experiments" / "benchmarks" / f"{slug}.json"
-    save_json(results, out)
-    print(f"wrote {out} ({results['total_s']:.1f} s, {results['num_threads']} threads, {results['device']['name']})")
-    return out
-
-
-if __name__ == "__main__":
     main(sys.argv[1:])

@@ -6,7 +6,8 @@ Usage (from a checkout, after ``pip install -e ".[test]"`` into an environment t
 
 Steps, each timed and recorded:
 
-1. ``environment``: the GPU, its memory, the driver's CUDA, torch, Triton and Python versions.
+1. ``environment``: the machine's record (:func:`mha.experiments.machine.machine_record`: the GPU, its memory, the
+   CUDA, cuDNN, torch, Triton and Python versions, the CPU), the same record the benchmarks write.
 2. ``tests``: ``pytest -m cuda tests`` — the CUDA tests (float32 and bfloat16 agreement with the float64
    reference, the KV cache with no host synchronisation, the Triton kernel in fp16/bf16 and at large shapes).
 3. ``bench``: ``python -m mha.bench`` on CUDA (float32 and bfloat16 points, the SDPA backend that ran, the Triton
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import re
 import subprocess
 import sys
 import time
@@ -33,24 +32,6 @@ __all__ = ["STEPS", "main", "run_checks"]
 
 STEPS = ("environment", "tests", "bench", "smoke")
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def _environment(torch) -> dict:
-    props = torch.cuda.get_device_properties(0)
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return dict(gpu=torch.cuda.get_device_name(0), gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                capability=f"{props.major}.{props.minor}", gpu_count=torch.cuda.device_count(),
-                torch=torch.__version__, cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
-                triton=triton_version, python=platform.python_version())
 
 
 def _run(command: list[str], log: Path) -> dict:
@@ -73,8 +54,10 @@ def run_checks(out: Path | None = None, skip=()) -> tuple[dict, int]:
               f"{torch.version.cuda or 'none, this is a CPU build'}); run it on a machine with an NVIDIA GPU and a "
               f"CUDA build of torch", file=sys.stderr)
         return {}, 2
-    environment = _environment(torch)
-    out = Path(out) if out else REPO / "experiments" / "gpu-check" / _slug(environment["gpu"])
+    from mha.experiments.machine import machine_record
+
+    environment = machine_record(torch.device("cuda", 0))
+    out = Path(out) if out else REPO / "experiments" / "gpu-check" / environment["slug"].removeprefix("cuda-")
     out.mkdir(parents=True, exist_ok=True)
     python = sys.executable
     report = dict(date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), environment=environment, steps={})
@@ -83,7 +66,7 @@ def run_checks(out: Path | None = None, skip=()) -> tuple[dict, int]:
         report["steps"]["tests"] = _run([python, "-m", "pytest", "tests", "-m", "cuda", "-q", "-p",
                                          "no:cacheprovider"], out / "tests.log")
     if "bench" not in skip:
-        bench_json = REPO / "experiments" / "benchmarks" / f"cuda-{_slug(environment['gpu'])}.json"  # as mha.bench
+        bench_json = REPO / "experiments" / "benchmarks" / f"{environment['slug']}.json"  # as mha.bench names it
         step = _run([python, "-m", "mha.bench", "--device", "cuda", "--no-progress", "--out", str(bench_json)],
                     out / "bench.log")
         step["json"] = str(bench_json.relative_to(REPO))
@@ -106,7 +89,7 @@ def run_checks(out: Path | None = None, skip=()) -> tuple[dict, int]:
     (out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "gpu-check.md").write_text(_markdown(report))
     failed = [name for name, step in report["steps"].items() if step["status"] != "ok"]
-    print(f"gpu-check: {environment['gpu']}, {len(report['steps']) - len(failed)} of {len(report['steps'])} steps "
+    print(f"gpu-check: {environment['name']}, {len(report['steps']) - len(failed)} of {len(report['steps'])} steps "
           f"ok in {report['total_seconds']:.0f} s; report: {out / 'gpu-check.md'}")
     return report, 1 if failed else 0
 
@@ -126,10 +109,12 @@ def _bench_summary(results: dict) -> dict:
 
 def _markdown(report: dict) -> str:
     env = report["environment"]
-    lines = [f"# GPU check: {env['gpu']}", "",
-             f"{report['date']}; {env['gpu_count']} x {env['gpu']} ({env['gpu_memory_gib']} GiB, compute capability "
-             f"{env['capability']}); torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, Triton "
-             f"{env['triton']}, Python {env['python']}. Total {report['total_seconds']:.0f} s.", "",
+    cuda = env["cuda"]
+    lines = [f"# GPU check: {env['name']}", "",
+             f"{report['date']}; {cuda['gpu_count']} x {env['name']} ({cuda['memory_gib']} GiB, compute capability "
+             f"{cuda['capability']}); torch {env['torch_version']}, CUDA {cuda['cuda_version']}, cuDNN "
+             f"{cuda['cudnn_version']}, Triton {env['triton_version']}, Python {env['python_version']}; CPU "
+             f"{env['cpu']}, {env['cpu_count']} logical CPUs. Total {report['total_seconds']:.0f} s.", "",
              "| step | status | seconds | last line | command |", "|---|---|---|---|---|"]
     for name, step in report["steps"].items():
         lines.append(f"| {name} | {step['status']} | {step['seconds']:.0f} | {step['last_line'][:80]} | "

@@ -2,14 +2,19 @@
 
 Book: part III (every chapter records the machine beside its results). Runs are bit-for-bit reproducible on one
 CPU model with one thread count (and one torch build); :func:`machine_info` records both with every run, so a
-result can be traced to the machine that made it.
+result can be traced to the machine that made it. :func:`machine_record` is the same record with what a benchmark
+adds (logical CPUs, Triton, the GPU and CUDA settings): the one record of the machine that ``python -m mha.bench``,
+``python -m mha.kernels.benchmark`` and ``python -m mha.experiments.gpu_check`` write.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import random
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +23,7 @@ import torch
 from mha._checks import check_int
 
 __all__ = ["seed_everything", "resolve_device", "cpu_model", "cpu_id", "cpu_capability", "device_name", "set_threads",
-           "synchronize", "machine_info"]
+           "synchronize", "machine_info", "machine_record", "device_slug"]
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """The environment variables that size the CPU thread pools (read when torch starts)."""
@@ -128,3 +133,45 @@ def machine_info(device: torch.device) -> dict:
     return dict(device=device.type, device_name=device_name(device), cpu_model=cpu_model(), cpu_id=cpu_id(),
                 cpu_capability=cpu_capability(), num_threads=torch.get_num_threads(), torch_version=torch.__version__,
                 python_version=platform.python_version())
+
+
+def device_slug(device: torch.device) -> str:
+    """A file-name-safe label of the machine: ``<type>-<name>``, e.g. "cpu-amd-epyc", "cuda-nvidia-h100-80gb-hbm3"."""
+    return f"{device.type}-{re.sub(r'[^a-z0-9]+', '-', device_name(device).lower()).strip('-')}"
+
+
+def _package_version(name: str) -> str | None:
+    """The version of ``name``: the imported module's, else the installed distribution's (without importing it);
+    None when it is not installed."""
+    version = getattr(sys.modules.get(name), "__version__", None)
+    if version is not None:
+        return str(version)
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_record(device: str | torch.device) -> dict:
+    """Everything a benchmark records about the machine, as one JSON-ready dict.
+
+    ``type``, ``name`` (GPU name, or the CPU model), ``slug`` (:func:`device_slug`), ``cpu`` (model), ``cpu_id``,
+    ``cpu_capability``, ``cpu_count`` (logical CPUs), ``num_threads`` (torch's), ``torch_version``,
+    ``python_version``, ``triton_version`` (None when Triton is not installed), and ``cuda``: None on a CPU, else
+    the GPU's ``capability``, ``memory_gib``, the ``gpu_count``, ``cuda_version``, ``cudnn_version``,
+    ``allow_tf32_matmul`` and ``float32_matmul_precision``. The facts are :func:`machine_info`'s, under these names.
+    """
+    device = resolve_device(device)
+    info = machine_info(device)
+    record = dict(type=info["device"], name=info["device_name"], slug=device_slug(device), cpu=info["cpu_model"],
+                  cpu_id=info["cpu_id"], cpu_capability=info["cpu_capability"], cpu_count=os.cpu_count(),
+                  num_threads=info["num_threads"], torch_version=info["torch_version"],
+                  python_version=info["python_version"], triton_version=_package_version("triton"), cuda=None)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        record["cuda"] = dict(capability=f"{props.major}.{props.minor}",
+                              memory_gib=round(props.total_memory / 2**30, 1), gpu_count=torch.cuda.device_count(),
+                              cuda_version=torch.version.cuda, cudnn_version=torch.backends.cudnn.version(),
+                              allow_tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+                              float32_matmul_precision=torch.get_float32_matmul_precision())
+    return record
