@@ -2,6 +2,11 @@
 
 Everything here is written independently of ``mha.exercises`` (and, except where a name says "reference", of
 ``mha.reference``): loops over rows, torch versions, and the classic bugs written the way a reader writes them.
+Each buggy implementation is a whole function with its mistake written out in plain code where it happens (a
+forgotten scale, a ``-1e9``, a ``np.tile``); the parts it gets right call the reader's own correct building blocks
+(``_np_softmax_rows``, ``_np_attention``, ``_np_heads``, or a correct implementation below). None is generated from
+a table of switches: the package's bug simulators (``mha.exercises.simulators``) compute what each bug returns from
+knobs, and the catalogue must not share that structure, or the two could not disagree.
 
 ``CORRECT``: checker name -> list of (label, fn, checker kwargs); every checker must accept every one.
 ``BUGGY``: list of ``Bug(label, checker, fn, expected diagnosis, checker kwargs)``; the checker must reject each with
@@ -62,6 +67,29 @@ def _torch_masked_softmax(scores, mask):
 
 def _bottom_right(l_q, l_kv):
     return np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q)
+
+
+def _np_softmax_rows(scores, mask=None):
+    """The reader's masked softmax over the last axis: -inf where masked, the row maximum subtracted, empty rows 0."""
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def _np_attention(q, k, v, mask=None, scale=None):
+    """The reader's scaled dot-product attention in NumPy: (out, weights)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    return weights @ v, weights
+
+
+def _np_heads(y, n_heads):
+    """The reader's split into heads: (N, L, n_heads*head_dim) -> (N, n_heads, L, head_dim)."""
+    N, L, width = y.shape
+    return y.reshape(N, L, n_heads, width // n_heads).transpose(0, 2, 1, 3)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -347,16 +375,16 @@ CORRECT: dict[str, list[tuple[str, Callable, dict]]] = {
                       ("logsumexp", softmax_logsumexp, {})],
     "check_scaled_dot_product_attention": [("reference", R.scaled_dot_product_attention, {}), ("loop", sdpa_loop, {}),
                                            ("torch", sdpa_torch, {})],
-    "check_split_heads": [("reference", R._split_into_heads, {}), ("loop", split_heads_loop, {}),
+    "check_split_heads": [("reference", R.split_heads, {}), ("loop", split_heads_loop, {}),
                           ("torch", split_heads_torch, {}), ("stack", split_heads_stack, {})],
-    "check_merge_heads": [("reference", R._merge_heads, {}), ("loop", merge_heads_loop, {}),
+    "check_merge_heads": [("reference", R.merge_heads, {}), ("loop", merge_heads_loop, {}),
                           ("torch", merge_heads_torch, {})],
     "check_multi_head_attention": [("reference", R.multi_head_attention, {"gqa": True}),
                                    ("reference per head", R.multi_head_attention_per_head, {"gqa": True}),
                                    ("loop", mha_loop, {"gqa": True}), ("torch", mha_torch, {"gqa": True}),
                                    ("torch, MHA cases only", mha_torch, {})],
     "check_causal_mask": [("numpy", causal_np, {}), ("loop", causal_loop, {}), ("torch", causal_torch, {})],
-    "check_repeat_kv": [("reference", R._repeat_kv, {}), ("loop", repeat_kv_loop, {}), ("torch", repeat_kv_torch, {}),
+    "check_repeat_kv": [("reference", R.repeat_kv, {}), ("loop", repeat_kv_loop, {}), ("torch", repeat_kv_torch, {}),
                         ("expand", repeat_kv_expand, {})],
     "check_decode_step": [("numpy", decode_np, {}), ("torch sdpa", decode_torch, {}), ("loop", decode_loop, {})],
     "check_online_softmax_attention": [("reference", R.online_softmax_attention, {}), ("loop", online_loop, {}),
@@ -431,94 +459,127 @@ def softmax_in_place(x, axis=-1):
 
 
 # --- scaled dot-product attention ------------------------------------------------------------------------------
-
-def _given_or(default):
-    return lambda q, k, v, scale: default(q, k, v) if scale is None else scale
-
-
-def _sdpa_bug(q, k, v, mask=None, scale=None, *, scale_of=_given_or(lambda q, k, v: 1 / math.sqrt(q.shape[-1])),
-              fill=-np.inf, guard=True, axis=-1, subtract_max=True, invert=False, after=False):
-    """A reader's NumPy attention with one knob per classic mistake (the default is correct)."""
-    s = scale_of(q, k, v, scale) * (q @ np.swapaxes(k, -1, -2))
-    if mask is not None and invert:
-        mask = ~mask
-    if mask is not None and not after:
-        s = np.where(mask, s, fill)
-    top = s.max(axis=axis, keepdims=True) if subtract_max else 0.0
-    if guard and subtract_max:
-        top = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(all="ignore"):
-        e = np.exp(s - top)
-        total = e.sum(axis=axis, keepdims=True)
-        w = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0) if guard else e / total
-    if mask is not None and after:
-        w = w * mask
-    return w @ v, w
-
+# Each function is a whole attention with one mistake written out; the parts it gets right call the reader's
+# softmax (_np_softmax_rows).
 
 @bug("check_scaled_dot_product_attention", "no_scale")
 def sdpa_unscaled(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, scale_of=lambda *a: 1.0)
+    scores = q @ np.swapaxes(k, -1, -2)  # the scale is forgotten
+    weights = _np_softmax_rows(scores, mask)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "scale_d_k_not_sqrt")
 def sdpa_divide_by_d_k(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: 1 / q.shape[-1]))
+    if scale is None:
+        scale = 1 / q.shape[-1]  # 1/d_k, not 1/sqrt(d_k)
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "scale_inverted")
 def sdpa_multiply_by_sqrt(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: math.sqrt(q.shape[-1])))
+    if scale is None:
+        scale = math.sqrt(q.shape[-1])  # multiplies by sqrt(d_k)
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "scale_d_v")
 def sdpa_scale_by_d_v(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: v.shape[-1] ** -0.5))
+    if scale is None:
+        scale = v.shape[-1] ** -0.5  # the width of the values
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "scale_seq_len")
 def sdpa_scale_by_length(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, scale_of=_given_or(lambda q, k, v: k.shape[-2] ** -0.5))
+    if scale is None:
+        scale = k.shape[-2] ** -0.5  # the number of keys
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "scale_ignored")
 def sdpa_ignores_scale(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, None)
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # `scale` is accepted and never read
+    weights = _np_softmax_rows(scores, mask)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "softmax_over_queries")
 def sdpa_softmax_over_queries(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, axis=-2)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    top = scores.max(axis=-2, keepdims=True)  # axis -2: over the queries
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-2, keepdims=True)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "mask_fill_large_negative")
 def sdpa_fill_minus_1e9(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, fill=-1e9)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = np.where(mask, scores, -1e9)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights = e / e.sum(axis=-1, keepdims=True)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "mask_nan_empty_rows")
 def sdpa_fill_minus_inf_unguarded(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, guard=False)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))  # a row of -inf: exp(-inf - (-inf)) = NaN
+    weights = e / e.sum(axis=-1, keepdims=True)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "mask_inverted")
 def sdpa_mask_inverted(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, invert=True)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    weights = _np_softmax_rows(scores, None if mask is None else ~mask)  # True read as "blocked"
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "no_max_subtraction")
 def sdpa_no_max(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, subtract_max=False)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    e = np.exp(scores)  # no row maximum subtracted
+    total = e.sum(axis=-1, keepdims=True)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "mask_after_softmax")
 def sdpa_mask_after_softmax(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, after=True)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)))
+    if mask is not None:
+        weights = weights * mask  # masked after the softmax: the rows no longer sum to 1
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "mask_fill_zero")
 def sdpa_mask_multiplies_scores(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, mask, scale, fill=0.0)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = scores * mask  # a forbidden key gets score 0, not -inf
+    weights = _np_softmax_rows(scores)
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "mask_fill_large_negative")
@@ -543,12 +604,14 @@ def sdpa_torch_masked_fill_minus_inf(q, k, v, mask=None, scale=None):
 
 @bug("check_scaled_dot_product_attention", "mask_ignored")
 def sdpa_ignores_mask(q, k, v, mask=None, scale=None):
-    return _sdpa_bug(q, k, v, None, scale)  # the mask is accepted and never applied
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    weights = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)))  # the mask is accepted and never applied
+    return weights @ v, weights
 
 
 @bug("check_scaled_dot_product_attention", "outputs_swapped")
 def sdpa_returns_weights_first(q, k, v, mask=None, scale=None):
-    out, weights = _sdpa_bug(q, k, v, mask, scale)
+    out, weights = _np_attention(q, k, v, mask, scale)
     return weights, out
 
 
@@ -597,106 +660,161 @@ def merge_torch_view(y):
 
 
 # --- multi-head attention ----------------------------------------------------------------------------------------
-
-def _mha_bug(x_q, x_kv, params, n_heads, mask=None, *, scale="head_dim", split_transpose=True, merge_transpose=True,
-             use_w_o=True, skip=(), w_v="W_v", kv_source="x_kv", tile=False, average=False, fill=-np.inf,
-             guard=True):
-    """A reader's fused NumPy multi-head attention with one knob per classic mistake (the default is correct)."""
-    p = {key: np.asarray(value) for key, value in params.items() if key not in skip}
-    N, L_q, d_model = x_q.shape
-    src = x_q if kv_source == "x_q" else x_kv
-    hd = p["W_q"].shape[1] // n_heads
-    g = p["W_k"].shape[1] // hd
-
-    def heads(y, n):
-        if split_transpose:
-            return y.reshape(N, y.shape[1], n, hd).transpose(0, 2, 1, 3)
-        return y.reshape(N, n, y.shape[1], hd)
-
-    q = heads(x_q @ p["W_q"] + p.get("b_q", 0.0), n_heads)
-    k = heads(src @ p["W_k"] + p.get("b_k", 0.0), g)
-    v = heads(src @ p[w_v] + p.get("b_v" if w_v == "W_v" else "b_k", 0.0), g)
-    if tile:
-        k, v = np.tile(k, (1, n_heads // g, 1, 1)), np.tile(v, (1, n_heads // g, 1, 1))
-    else:
-        k, v = np.repeat(k, n_heads // g, axis=1), np.repeat(v, n_heads // g, axis=1)
-    c = {"head_dim": hd, "d_model": d_model}[scale] ** -0.5
-    out, w = _sdpa_bug(q, k, v, mask, c, fill=fill, guard=guard)
-    concat = out.transpose(0, 2, 1, 3).reshape(N, L_q, -1) if merge_transpose else out.reshape(N, L_q, -1)
-    if use_w_o:
-        concat = concat @ p["W_o"] + p.get("b_o", 0.0)
-    return concat, (w.mean(axis=1) if average else w)
-
+# A reader's layer from part I (one key/value head per query head: these cases are MHA) with one mistake written out;
+# the split into heads and the attention of each head are the reader's own (_np_heads, _np_attention).
 
 @bug("check_multi_head_attention", "scale_d_model")
 def mha_scaled_by_d_model(x_q, x_kv, params, n_heads, mask=None):
     """The lecture bug: C ** -0.5 with C the embedding width."""
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, scale="d_model")
+    N, L_q, d_model = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask, scale=d_model ** -0.5)  # C ** -0.5, C = d_model
+    concat = heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1)
+    return concat @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "split_merge_no_transpose")
 def mha_reshape_without_transpose(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, split_transpose=False, merge_transpose=False)
+    N, L_q, _ = x_q.shape
+    L_kv = x_kv.shape[1]
+    head_dim = params["W_q"].shape[1] // n_heads
+    q = (x_q @ params["W_q"] + params.get("b_q", 0.0)).reshape(N, n_heads, L_q, head_dim)  # no transpose
+    k = (x_kv @ params["W_k"] + params.get("b_k", 0.0)).reshape(N, n_heads, L_kv, head_dim)
+    v = (x_kv @ params["W_v"] + params.get("b_v", 0.0)).reshape(N, n_heads, L_kv, head_dim)
+    heads, weights = _np_attention(q, k, v, mask)
+    concat = heads.reshape(N, L_q, n_heads * head_dim)  # and none back
+    return concat @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "merge_no_transpose")
 def mha_merge_without_transpose(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, merge_transpose=False)
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    concat = heads.reshape(N, L_q, -1)  # (N, h, L_q, head_dim) read as (N, L_q, h*head_dim)
+    return concat @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "no_output_projection")
 def mha_forgets_w_o(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, use_w_o=False)
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1), weights  # the heads concatenated, and no W_o
 
 
 @bug("check_multi_head_attention", "missing_bias_o")
 def mha_forgets_b_o(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_o",))
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"], weights  # + b_o forgotten
 
 
 @bug("check_multi_head_attention", "missing_bias_q")
 def mha_forgets_b_q(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q",))
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"], n_heads)  # + b_q forgotten
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "missing_bias_v")
 def mha_forgets_b_v(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_v",))
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"], n_heads)  # + b_v forgotten
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "missing_input_biases")
 def mha_projections_without_bias(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q", "b_k", "b_v"))
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"], n_heads)  # Q = X W^Q, K = X W^K, V = X W^V: no biases here ...
+    k = _np_heads(x_kv @ params["W_k"], n_heads)
+    v = _np_heads(x_kv @ params["W_v"], n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights  # ... b_o
 
 
 @bug("check_multi_head_attention", "missing_biases")
 def mha_ignores_biases(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, skip=("b_q", "b_k", "b_v", "b_o"))
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"], n_heads)  # the biases in params are never read
+    k = _np_heads(x_kv @ params["W_k"], n_heads)
+    v = _np_heads(x_kv @ params["W_v"], n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"], weights
 
 
 @bug("check_multi_head_attention", "values_from_W_k")
 def mha_values_with_w_k(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, w_v="W_k")
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)  # copied from the line above
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "kv_from_x_q")
 def mha_self_attention_only(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, kv_source="x_q")
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_q @ params["W_k"] + params.get("b_k", 0.0), n_heads)  # x_q: right for self-attention only
+    v = _np_heads(x_q @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "weights_averaged_over_heads")
 def mha_average_weights(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, average=True)
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v, mask)
+    out = heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0)
+    return out, weights.mean(axis=1)  # as torch.nn.MultiheadAttention's default
 
 
 @bug("check_multi_head_attention", "mask_fill_large_negative")
 def mha_fill_minus_1e9(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, fill=-1e9)
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -1e9)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights = e / e.sum(axis=-1, keepdims=True)
+    out = (weights @ v).transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0)
+    return out, weights
 
 
 @bug("check_multi_head_attention", "kv_map_tile", gqa=True)
 def mha_gqa_tiled(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads, mask, tile=True)
+    N, L_q, _ = x_q.shape
+    head_dim = params["W_q"].shape[1] // n_heads
+    g = params["W_k"].shape[1] // head_dim
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = np.tile(_np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), g), (1, n_heads // g, 1, 1))  # j % g
+    v = np.tile(_np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), g), (1, n_heads // g, 1, 1))
+    heads, weights = _np_attention(q, k, v, mask)
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "kv_map_tile", gqa=True)
@@ -735,7 +853,12 @@ def mha_torch_minus_inf(x_q, x_kv, params, n_heads, mask=None):
 
 @bug("check_multi_head_attention", "mask_ignored")
 def mha_ignores_mask(x_q, x_kv, params, n_heads, mask=None):
-    return _mha_bug(x_q, x_kv, params, n_heads)  # the mask is never passed on to the attention
+    N, L_q, _ = x_q.shape
+    q = _np_heads(x_q @ params["W_q"] + params.get("b_q", 0.0), n_heads)
+    k = _np_heads(x_kv @ params["W_k"] + params.get("b_k", 0.0), n_heads)
+    v = _np_heads(x_kv @ params["W_v"] + params.get("b_v", 0.0), n_heads)
+    heads, weights = _np_attention(q, k, v)  # the mask is never passed on to the attention
+    return heads.transpose(0, 2, 1, 3).reshape(N, L_q, -1) @ params["W_o"] + params.get("b_o", 0.0), weights
 
 
 @bug("check_multi_head_attention", "mask_ignored")
@@ -745,7 +868,7 @@ def mha_torch_ignores_mask(x_q, x_kv, params, n_heads, mask=None):
 
 @bug("check_multi_head_attention", "outputs_swapped")
 def mha_returns_weights_first(x_q, x_kv, params, n_heads, mask=None):
-    out, weights = _mha_bug(x_q, x_kv, params, n_heads, mask)
+    out, weights = mha_torch(x_q, x_kv, params, n_heads, mask)
     return weights, out
 
 
@@ -827,34 +950,16 @@ def repeat_kv_expand_only(y, n_rep):
 
 
 # --- KV-cache decode step ----------------------------------------------------------------------------------------
-
-def _decode_bug(q, k_new, v_new, k_cache, v_cache, *, mask="bottom_right", prepend=False, attend_new=True, tile=False,
-                scale="head_dim", return_old=False, store_repeated=False, swap_caches=False):
-    """A reader's NumPy decode step with one knob per classic mistake (the default is correct)."""
-    N, h, T, hd = q.shape
-    g = k_new.shape[1]
-    pair = (lambda old, new: [new, old]) if prepend else (lambda old, new: [old, new])
-    k_all = np.concatenate(pair(k_cache, k_new), axis=2)
-    v_all = np.concatenate(pair(v_cache, v_new), axis=2)
-    k_att, v_att = (k_all, v_all) if attend_new else (k_cache, v_cache)
-    rep = (lambda y: np.tile(y, (1, h // g, 1, 1))) if tile else (lambda y: np.repeat(y, h // g, axis=1))
-    L = k_att.shape[2]
-    m = {"bottom_right": _bottom_right(T, L), "top_left": np.tril(np.ones((T, L), dtype=bool)), "none": None,
-         "one_future": np.tril(np.ones((T, L), dtype=bool), k=L - T + 1)}[mask]
-    c = {"head_dim": hd, "d_model": h * hd}[scale] ** -0.5
-    out, _ = _sdpa_bug(q, rep(k_att), rep(v_att), m if attend_new else None, c)
-    if return_old:
-        return out, k_cache, v_cache
-    if store_repeated:
-        return out, rep(k_all), rep(v_all)
-    if swap_caches:
-        return out, v_all, k_all
-    return out, k_all, v_all
-
+# A reader's step: append the new keys and values to the caches, repeat the key/value heads for their query heads,
+# attend with the causal mask aligned bottom-right. Each function writes out the step with one mistake.
 
 @bug("check_decode_step", "causal_top_left")
 def decode_top_left_mask(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, mask="top_left")
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    mask = np.tril(np.ones((q.shape[2], k_all.shape[2]), dtype=bool))  # new query i sees keys 0..i
+    out, _ = _np_attention(q, np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1), mask)
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "causal_top_left")
@@ -868,135 +973,307 @@ def decode_torch_is_causal(q, k_new, v_new, k_cache, v_cache):
 
 @bug("check_decode_step", "no_causal_mask")
 def decode_without_mask(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, mask="none")
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    out, _ = _np_attention(q, np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1))  # "the past only"
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "cache_prepended")
 def decode_prepends(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, prepend=True)
+    k_all, v_all = np.concatenate([k_new, k_cache], axis=2), np.concatenate([v_new, v_cache], axis=2)  # new first
+    n_rep = q.shape[1] // k_all.shape[1]
+    T, L = q.shape[2], k_all.shape[2]
+    out, _ = _np_attention(q, np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1), _bottom_right(T, L))
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "new_position_not_attended")
 def decode_attends_cache_only(q, k_new, v_new, k_cache, v_cache):
+    n_rep = q.shape[1] // k_new.shape[1]
     if k_cache.shape[2] == 0:  # nothing cached yet: this reader special-cases the prefill correctly
-        return _decode_bug(q, k_new, v_new, k_cache, v_cache)
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, attend_new=False)
+        out, _ = _np_attention(q, np.repeat(k_new, n_rep, axis=1), np.repeat(v_new, n_rep, axis=1),
+                               _bottom_right(q.shape[2], k_new.shape[2]))
+    else:  # attends over the cache, then appends
+        out, _ = _np_attention(q, np.repeat(k_cache, n_rep, axis=1), np.repeat(v_cache, n_rep, axis=1))
+    return out, np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
 
 
 @bug("check_decode_step", "kv_map_tile")
 def decode_tiled_heads(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, tile=True)
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    T, L = q.shape[2], k_all.shape[2]
+    k_rep, v_rep = np.tile(k_all, (1, n_rep, 1, 1)), np.tile(v_all, (1, n_rep, 1, 1))  # head j reads j % g
+    out, _ = _np_attention(q, k_rep, v_rep, _bottom_right(T, L))
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "scale_d_model")
 def decode_scaled_by_width(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, scale="d_model")
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    N, h, T, head_dim = q.shape
+    n_rep = h // k_all.shape[1]
+    out, _ = _np_attention(q, np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1),
+                           _bottom_right(T, k_all.shape[2]), scale=(h * head_dim) ** -0.5)  # d_model, not head_dim
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "cache_not_updated")
 def decode_returns_old_cache(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, return_old=True)
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    out, _ = _np_attention(q, np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1),
+                           _bottom_right(q.shape[2], k_all.shape[2]))
+    return out, k_cache, v_cache  # the caches passed in, not k_all and v_all
 
 
 @bug("check_decode_step", "cache_repeated_heads")
 def decode_caches_repeated_heads(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, store_repeated=True)
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    k_all, v_all = np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1)  # repeated, and cached so
+    out, _ = _np_attention(q, k_all, v_all, _bottom_right(q.shape[2], k_all.shape[2]))
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "causal_one_future_key")
 def decode_mask_one_future_key(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, mask="one_future")
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    T, L = q.shape[2], k_all.shape[2]
+    mask = np.tril(np.ones((T, L), dtype=bool), k=L - T + 1)  # off by one: j <= c + i + 1
+    out, _ = _np_attention(q, np.repeat(k_all, n_rep, axis=1), np.repeat(v_all, n_rep, axis=1), mask)
+    return out, k_all, v_all
 
 
 @bug("check_decode_step", "outputs_swapped")
 def decode_returns_caches_swapped(q, k_new, v_new, k_cache, v_cache):
-    return _decode_bug(q, k_new, v_new, k_cache, v_cache, swap_caches=True)
+    out, k_all, v_all = decode_np(q, k_new, v_new, k_cache, v_cache)
+    return out, v_all, k_all
 
 
 # --- online softmax ----------------------------------------------------------------------------------------------
-
-def _online_bug(q, k, v, block_size, mask=None, scale=None, *, blocks="all", rescale_acc=True, rescale_l=True,
-                inverted=False, divide=True, use_max=True, guard_state=True, guard_end=True, fill=-np.inf):
-    """A reader's blocked loop (2-D or batched) with one knob per classic mistake (the default is correct)."""
-    c = q.shape[-1] ** -0.5 if scale is None else scale
-    n_k = k.shape[-2]
-    starts = range(0, n_k, block_size) if blocks == "all" else range(0, n_k // block_size * block_size, block_size)
-    m = np.full(q.shape[:-1] + (1,), -np.inf)
-    l = np.zeros(q.shape[:-1] + (1,))
-    acc = np.zeros(q.shape[:-1] + (v.shape[-1],))
-    with np.errstate(all="ignore"):
-        for start in starts:
-            s = c * q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2)
-            if mask is not None:
-                s = np.where(np.broadcast_to(mask, s.shape[:-1] + (n_k,))[..., start:start + block_size], s, fill)
-            if use_max:
-                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-                ref = np.where(np.isinf(m_new), 0.0, m_new) if guard_state else m_new
-                alpha = np.exp(ref - m) if inverted else np.exp(m - ref)
-            else:
-                m_new, ref, alpha = m, 0.0, 1.0
-            p = np.exp(s - ref)
-            l = (alpha * l if rescale_l else l) + p.sum(axis=-1, keepdims=True)
-            acc = (alpha * acc if rescale_acc else acc) + p @ v[..., start:start + block_size, :]
-            m = m_new
-        if not divide:
-            return acc
-        return np.where(l > 0, acc / np.where(l > 0, l, 1.0), 0.0) if guard_end else acc / l
-
+# A reader's blocked loop (batched like q), written out in full with one mistake each: the running maximum m, the
+# running sum l and the accumulator acc, rescaled by alpha = exp(m_old - m_new) whenever the maximum grows.
 
 @bug("check_online_softmax_attention", "drop_last_partial_block")
 def online_full_blocks_only(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, blocks="full")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for b in range(L_kv // block_size):  # whole blocks only: a shorter last block is never visited
+        start, stop = b * block_size, (b + 1) * block_size
+        s = scale * (q @ np.swapaxes(k[..., start:stop, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:stop], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isinf(m_new), 0.0, m_new)
+        p, alpha = np.exp(s - shift), np.exp(m - shift)
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:stop, :]
+        m = m_new
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
 
 
 @bug("check_online_softmax_attention", "no_rescale_acc")
 def online_forgets_acc_rescale(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, rescale_acc=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isinf(m_new), 0.0, m_new)
+        p, alpha = np.exp(s - shift), np.exp(m - shift)
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = acc + p @ v[..., start:start + block_size, :]  # the old terms keep the old maximum
+        m = m_new
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
 
 
 @bug("check_online_softmax_attention", "no_rescale_l")
 def online_forgets_l_rescale(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, rescale_l=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isinf(m_new), 0.0, m_new)
+        p, alpha = np.exp(s - shift), np.exp(m - shift)
+        l = l + p.sum(axis=-1, keepdims=True)  # the running sum is never rescaled
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
 
 
 @bug("check_online_softmax_attention", "no_rescale")
 def online_forgets_rescale(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, rescale_l=False, rescale_acc=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m = np.maximum(m, s.max(axis=-1, keepdims=True))  # the maximum moves on, the old terms stay as they were
+        p = np.exp(s - np.where(np.isinf(m), 0.0, m))
+        l = l + p.sum(axis=-1, keepdims=True)
+        acc = acc + p @ v[..., start:start + block_size, :]
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
 
 
 @bug("check_online_softmax_attention", "alpha_inverted")
 def online_alpha_upside_down(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, inverted=True)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isinf(m_new), 0.0, m_new)
+        p, alpha = np.exp(s - shift), np.exp(shift - m)  # exp(m_new - m_old): upside down
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
 
 
 @bug("check_online_softmax_attention", "no_final_division")
 def online_returns_accumulator(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, divide=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isinf(m_new), 0.0, m_new)
+        p, alpha = np.exp(s - shift), np.exp(m - shift)
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return acc  # never divided by l
 
 
 @bug("check_online_softmax_attention", "online_nan_empty_state")
 def online_unguarded_state(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, guard_state=False, guard_end=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        p, alpha = np.exp(s - m_new), np.exp(m - m_new)  # while m_new is -inf: exp(-inf - (-inf)) = NaN
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return acc / l
 
 
 @bug("check_online_softmax_attention", "mask_nan_empty_rows")
 def online_unguarded_division(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, guard_end=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isinf(m_new), 0.0, m_new)
+        p, alpha = np.exp(s - shift), np.exp(m - shift)
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return acc / l  # a query with no allowed key: 0 / 0
 
 
 @bug("check_online_softmax_attention", "no_max_subtraction")
 def online_without_max(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, use_max=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):  # no running maximum: plain sums of exp(s)
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -np.inf)
+        p = np.exp(s)
+        l = l + p.sum(axis=-1, keepdims=True)
+        acc = acc + p @ v[..., start:start + block_size, :]
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
 
 
 @bug("check_online_softmax_attention", "mask_fill_large_negative")
 def online_fill_minus_1e9(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, mask, scale, fill=-1e9)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    L_kv = k.shape[-2]
+    mask = None if mask is None else np.broadcast_to(mask, q.shape[:-1] + (L_kv,))
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, L_kv, block_size):
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        if mask is not None:
+            s = np.where(mask[..., start:start + block_size], s, -1e9)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        p, alpha = np.exp(s - m_new), np.exp(m - m_new)
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return acc / l
 
 
 @bug("check_online_softmax_attention", "mask_ignored")
 def online_ignores_mask(q, k, v, block_size, mask=None, scale=None):
-    return _online_bug(q, k, v, block_size, None, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    m = np.full(q.shape[:-1] + (1,), -np.inf)  # running maximum
+    l = np.zeros(q.shape[:-1] + (1,))  # running sum
+    acc = np.zeros(q.shape[:-1] + v.shape[-1:])  # running accumulator
+    for start in range(0, k.shape[-2], block_size):  # `mask` is accepted and never applied
+        s = scale * (q @ np.swapaxes(k[..., start:start + block_size, :], -1, -2))
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        p, alpha = np.exp(s - m_new), np.exp(m - m_new)
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[..., start:start + block_size, :]
+        m = m_new
+    return acc / l
 
 
 # --- softmax backward --------------------------------------------------------------------------------------------
@@ -1034,36 +1311,46 @@ def softmax_backward_column_sum(weights, grad_weights):
 
 
 # --- attention backward ------------------------------------------------------------------------------------------
-
-def _grad_bug(q, k, v, dO, mask=None, scale=None, *, chain_scale=True, dv_transpose=True, rowsum=True, fill=-np.inf):
-    """A reader's hand-written backward pass with one knob per classic mistake (the default is correct)."""
-    c = q.shape[-1] ** -0.5 if scale is None else scale
-    _, A = _sdpa_bug(q, k, v, mask, c, fill=fill)
-    dV = (np.swapaxes(A, -1, -2) if dv_transpose else A) @ dO
-    dA = dO @ np.swapaxes(v, -1, -2)
-    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True)) if rowsum else A * dA
-    factor = c if chain_scale else 1.0
-    return factor * dS @ k, factor * np.swapaxes(dS, -1, -2) @ q, dV
-
+# A reader's hand-written backward pass: the forward weights A (the reader's softmax), then
+# dV = A^T dO, dA = dO V^T, dS = A * (dA - rowsum(dA * A)), dQ = scale dS K, dK = scale dS^T Q; one mistake each.
 
 @bug("check_scaled_dot_product_attention_grad", "grad_missing_scale")
 def grad_forgets_scale(q, k, v, grad_out, mask=None, scale=None):
-    return _grad_bug(q, k, v, grad_out, mask, scale, chain_scale=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    A = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    dA = grad_out @ np.swapaxes(v, -1, -2)
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    return dS @ k, np.swapaxes(dS, -1, -2) @ q, np.swapaxes(A, -1, -2) @ grad_out  # no factor scale in dQ, dK
 
 
 @bug("check_scaled_dot_product_attention_grad", "grad_dv_no_transpose")
 def grad_dv_without_transpose(q, k, v, grad_out, mask=None, scale=None):
-    return _grad_bug(q, k, v, grad_out, mask, scale, dv_transpose=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    A = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    dA = grad_out @ np.swapaxes(v, -1, -2)
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    return scale * dS @ k, scale * np.swapaxes(dS, -1, -2) @ q, A @ grad_out  # dV = A dO: A^T wanted
 
 
 @bug("check_scaled_dot_product_attention_grad", "vjp_missing_rowsum")
 def grad_softmax_elementwise(q, k, v, grad_out, mask=None, scale=None):
-    return _grad_bug(q, k, v, grad_out, mask, scale, rowsum=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    A = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)), mask)
+    dS = A * (grad_out @ np.swapaxes(v, -1, -2))  # the softmax treated as elementwise: no row sum
+    return scale * dS @ k, scale * np.swapaxes(dS, -1, -2) @ q, np.swapaxes(A, -1, -2) @ grad_out
 
 
 @bug("check_scaled_dot_product_attention_grad", "mask_fill_large_negative")
 def grad_forward_minus_1e9(q, k, v, grad_out, mask=None, scale=None):
-    return _grad_bug(q, k, v, grad_out, mask, scale, fill=-1e9)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = np.where(mask, scores, -1e9)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    A = e / e.sum(axis=-1, keepdims=True)
+    dA = grad_out @ np.swapaxes(v, -1, -2)
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    return scale * dS @ k, scale * np.swapaxes(dS, -1, -2) @ q, np.swapaxes(A, -1, -2) @ grad_out
 
 
 @bug("check_scaled_dot_product_attention_grad", "mask_nan_empty_rows")
@@ -1078,10 +1365,14 @@ def grad_autograd_minus_inf(q, k, v, grad_out, mask=None, scale=None):
 
 @bug("check_scaled_dot_product_attention_grad", "mask_ignored")
 def grad_ignores_mask(q, k, v, grad_out, mask=None, scale=None):
-    return _grad_bug(q, k, v, grad_out, None, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    A = _np_softmax_rows(scale * (q @ np.swapaxes(k, -1, -2)))  # the forward pass without the mask
+    dA = grad_out @ np.swapaxes(v, -1, -2)
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    return scale * dS @ k, scale * np.swapaxes(dS, -1, -2) @ q, np.swapaxes(A, -1, -2) @ grad_out
 
 
 @bug("check_scaled_dot_product_attention_grad", "outputs_swapped")
 def grad_returns_dv_first(q, k, v, grad_out, mask=None, scale=None):
-    dq, dk, dv = _grad_bug(q, k, v, grad_out, mask, scale)
+    dq, dk, dv = sdpa_grad_rows(q, k, v, grad_out, mask, scale)
     return dv, dk, dq

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import exercise_bugs as B
 from mha import exercises as E
+from mha.exercises import catalogue
 from mha import reference as R
 
 torch.set_num_threads(1)
@@ -49,10 +50,10 @@ TORCH_IMPLEMENTATIONS = {  # correct torch implementations, also run with backen
 REFERENCE = {  # a correct implementation per checker, to perturb
     "check_softmax": R.softmax,
     "check_scaled_dot_product_attention": R.scaled_dot_product_attention,
-    "check_split_heads": R._split_into_heads,
-    "check_merge_heads": R._merge_heads,
+    "check_split_heads": R.split_heads,
+    "check_merge_heads": R.merge_heads,
     "check_multi_head_attention": R.multi_head_attention,
-    "check_repeat_kv": R._repeat_kv,
+    "check_repeat_kv": R.repeat_kv,
     "check_decode_step": B.decode_np,
     "check_online_softmax_attention": R.online_softmax_attention,
     "check_softmax_backward": R.softmax_backward,
@@ -334,7 +335,7 @@ def _book_labels():
 
 def test_every_equation_named_exists_in_the_book():
     labels, titles = _book_labels()
-    equations = {value for value in vars(E).values() if isinstance(value, E.Equation)}
+    equations = {value for value in vars(catalogue).values() if isinstance(value, E.Equation)}  # every EQ_*
     equations |= {bug.equation for bug in E.KNOWN_BUGS.values() if bug.equation is not None}
     assert equations
     for equation in equations:

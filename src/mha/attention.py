@@ -32,16 +32,20 @@ from torch import nn
 from mha._checks import attention_scale, check_bool, check_choice, check_float, check_like, check_type, head_shape
 from mha.kv_cache import KVCache
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "causal_mask"]
 
 IMPLS = ("sdpa", "naive", "triton")
 
 
-def _causal_mask(l_q: int, l_kv: int, device: torch.device) -> torch.Tensor:
-    """Boolean (L_q, L_kv) mask, bottom-right aligned: query i (of the last L_q positions) sees keys j <= L_kv - L_q + i.
+def causal_mask(l_q: int, l_kv: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (L_q, L_kv) mask, True = may attend, bottom-right aligned: query i (of the last L_q positions) sees
+    keys j <= L_kv - L_q + i. For L_q == L_kv this is the usual lower triangle.
+
+    The tensor twin of ``mha.reference.causal_mask`` (the package's causal mask for tensors), on ``device`` (None:
+    torch's default device).
 
     Book: part II, "Autoregressive decoding and the KV cache" (with a cache, the L_q new queries are the *last*
-    L_q positions of the L_kv keys). For L_q == L_kv this is the usual lower triangle.
+    L_q positions of the L_kv keys).
     """
     return torch.ones(l_q, l_kv, dtype=torch.bool, device=device).tril(diagonal=l_kv - l_q)  # (L_q, L_kv)
 
@@ -168,7 +172,7 @@ class MultiHeadAttention(nn.Module):
             if use_sdpa and mask is None and l_q == l_kv:
                 sdpa_causal = True  # SDPA's own causal path (top-left == bottom-right when L_q == L_kv)
             else:
-                causal = _causal_mask(l_q, l_kv, q.device)  # (L_q, L_kv)
+                causal = causal_mask(l_q, l_kv, q.device)  # (L_q, L_kv)
                 attn_mask = causal if mask is None else mask & causal  # broadcast to (.., L_q, L_kv)
         row_has_key = None  # (.., L_q, 1) boolean, only when a row could be fully masked
         if mask is not None or (is_causal and l_q > l_kv):
@@ -232,10 +236,10 @@ class MultiHeadAttention(nn.Module):
         """
         n, h, l_q, hd = q.shape
         g, l_kv = k.shape[1], k.shape[2]
-        r = h // g  # query heads per key/value head
+        n_rep = h // g  # query heads per key/value head
         if q.dtype in (torch.float16, torch.bfloat16):  # scores and softmax in float32 (see above)
             q, k = q.float(), k.float()
-        q_grouped = q.reshape(n, g, r * l_q, hd)  # (N, g, (h/g) * L_q, head_dim): head j -> group j // (h/g)
+        q_grouped = q.reshape(n, g, n_rep * l_q, hd)  # (N, g, (h/g) * L_q, head_dim): head j -> group j // (h/g)
         scores = (q_grouped @ k.transpose(-2, -1)) * self.scale  # (N, g, (h/g) * L_q, L_kv)
         scores = scores.view(n, h, l_q, l_kv)  # (N, h, L_q, L_kv)
         if attn_mask is not None:
@@ -244,7 +248,7 @@ class MultiHeadAttention(nn.Module):
         if row_has_key is not None:
             weights = torch.where(row_has_key, weights, 0.0)  # fully masked rows -> 0, (N, h, L_q, L_kv)
         dropped = F.dropout(weights, p=self.dropout, training=self.training)  # (N, h, L_q, L_kv)
-        out = dropped.view(n, g, r * l_q, l_kv) @ v  # (N, g, (h/g) * L_q, head_dim)
+        out = dropped.view(n, g, n_rep * l_q, l_kv) @ v  # (N, g, (h/g) * L_q, head_dim)
         out = out.view(n, h, l_q, hd)  # (N, h, L_q, head_dim)
         return out, weights
 

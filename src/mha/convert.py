@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from mha._checks import check_choice, check_int, check_type
-from mha.reference import _check_params
+from mha.reference import check_params
 
 __all__ = ["mha_to_gqa", "gqa_to_mha", "copy_to_torch_mha", "METHODS"]
 
@@ -34,10 +34,11 @@ def mha_to_gqa(params, n_heads, n_kv_heads, method="mean"):
 
     Query head j reads key/value head ``j // (h/g)``, so the new key/value head c serves the consecutive query heads
     ``c*(h/g), ..., (c+1)*(h/g) - 1``; it replaces the key/value heads those query heads read before, a group of
-    ``r = g_in / g`` consecutive heads (``g_in`` = the layer's current number of key/value heads, ``h`` for MHA)::
+    ``n_pooled = g_in / g`` consecutive heads (``g_in`` = the layer's current number of key/value heads, ``h`` for
+    MHA)::
 
-        method="mean":   W^K_c = (1/r) sum_{i in group c} W^K_i      (same for W^V, b_k, b_v)   (Ainslie et al.)
-        method="first":  W^K_c = W^K_{c*r}                            (keep the group's first head)
+        method="mean":   W^K_c = (1/n_pooled) sum_{i in group c} W^K_i   (same for W^V, b_k, b_v)  (Ainslie et al.)
+        method="first":  W^K_c = W^K_{c*n_pooled}                        (keep the group's first head)
 
     ``W_q``, ``W_o``, ``b_q``, ``b_o`` are unchanged. Returns a new dict of new float64 arrays (the input is not
     modified, and nothing in the result aliases it): ``W_k``, ``W_v`` (d_model, n_kv_heads*head_dim) and ``b_k``,
@@ -52,7 +53,7 @@ def mha_to_gqa(params, n_heads, n_kv_heads, method="mean"):
 
     Book: part II, 'MQA and GQA' (section 'Converting a multi-head layer to grouped-query').
     """
-    p, dims = _check_params(params, n_heads)
+    p, dims = check_params(params, n_heads)
     n_kv_heads = check_int("n_kv_heads", n_kv_heads)
     check_choice("method", method, METHODS)
     if dims.n_heads % n_kv_heads:
@@ -72,13 +73,13 @@ def mha_to_gqa(params, n_heads, n_kv_heads, method="mean"):
             f"(params['W_k'] shape {p['W_k'].shape}, head_dim {dims.head_dim}) so that each new head replaces "
             f"whole heads"
         )
-    group = g_in // n_kv_heads  # old key/value heads per new one
+    n_pooled = g_in // n_kv_heads  # old key/value heads pooled into each new one
     out = {key: value.copy() for key, value in p.items()}
     for key in ("W_k", "W_v", "b_k", "b_v"):
         if key not in p:
             continue
         lead = out[key].shape[:-1]  # (d_model,) for weights, () for biases
-        blocks = out[key].reshape(*lead, n_kv_heads, group, dims.head_dim)  # (.., g, g_in/g, head_dim), of the copy
+        blocks = out[key].reshape(*lead, n_kv_heads, n_pooled, dims.head_dim)  # (.., g, g_in/g, head_dim), of the copy
         pooled = blocks.mean(axis=-2) if method == "mean" else blocks[..., 0, :]  # (.., g, head_dim)
         out[key] = np.ascontiguousarray(pooled.reshape(*lead, n_kv_heads * dims.head_dim))  # (.., g*head_dim)
     return out
@@ -94,15 +95,15 @@ def gqa_to_mha(params, n_heads):
 
     Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the decoding section's MHA contender).
     """
-    p, dims = _check_params(params, n_heads)
-    repeats = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
+    p, dims = check_params(params, n_heads)
+    n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
     out = {key: value.copy() for key, value in p.items()}
     for key in ("W_k", "W_v", "b_k", "b_v"):
         if key not in p:
             continue
         lead = p[key].shape[:-1]  # (d_model,) for weights, () for biases
         heads = p[key].reshape(*lead, dims.n_kv_heads, dims.head_dim)  # (.., g, head_dim)
-        repeated = np.repeat(heads, repeats, axis=-2)  # (.., h, head_dim): head c at c*(h/g) .. (c+1)*(h/g) - 1
+        repeated = np.repeat(heads, n_rep, axis=-2)  # (.., h, head_dim): head c at c*(h/g) .. (c+1)*(h/g) - 1
         out[key] = np.ascontiguousarray(repeated.reshape(*lead, dims.n_heads * dims.head_dim))  # (.., h*head_dim)
     return out
 

@@ -13,7 +13,8 @@ Every function is short and carries the equation it computes. Conventions (share
 * A query row with no allowed key gets all-zero weights and an all-zero output row (and zero gradient),
   never NaN. (Softmax over an empty set is undefined; zero is the "attends to nothing" convention.)
 * Inputs containing NaN or inf are rejected with ``ValueError("<name> contains NaN or inf ...")``; every check
-  runs before any computation. All arithmetic is float64 (inputs are converted).
+  runs before any computation. All arithmetic is float64 (inputs are converted). ``split_heads``, ``merge_heads``
+  and ``repeat_kv`` do no arithmetic (they only move numbers) and let NaN and inf through.
 
 Book: part I, 'Scaled dot-product attention' and 'From one head to h heads'; part II, 'The backward pass',
 'MQA and GQA' and 'Exact attention without the L × L matrix (online softmax)'.
@@ -39,7 +40,12 @@ __all__ = [
     "multi_head_attention_grad",
     "online_softmax_attention",
     "split_heads",
+    "merge_heads",
+    "repeat_kv",
     "causal_mask",
+    "head_weights",
+    "check_params",
+    "Dims",
     "init_params",
 ]
 
@@ -52,20 +58,22 @@ _BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class _Dims(NamedTuple):
+class Dims(NamedTuple):
+    """The sizes of a layer, read from its ``params`` dict by :func:`check_params`."""
+
     d_model: int  # model width, W_q.shape[0]
     n_heads: int  # h, query heads
     n_kv_heads: int  # g, key/value heads (divides h)
     head_dim: int  # width of one head, W_q.shape[1] // h
 
 
-def _as_float_array(name, x):
-    """``x`` as a float64 array; TypeError for non-numeric data, ValueError for NaN/inf."""
+def _as_float_array(name, x, finite=True):
+    """``x`` as a float64 array; TypeError for non-numeric data, ValueError for NaN/inf (unless ``finite=False``)."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
     arr = arr.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(arr)):
+    if finite and not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} contains NaN or inf (shape {arr.shape}); inputs must be finite")
     return arr
 
@@ -124,16 +132,16 @@ def _check_nonempty(name, arr):
 
 
 def _check_qkv(q, k, v):
-    """Shapes for attention: q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v), leading axes broadcast."""
+    """Shapes for attention: q (..., L_q, d_k), k (..., L_kv, d_k), v (..., L_kv, d_v), leading axes broadcast."""
     q, k, v = (_as_float_array(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim < 2:
-            raise ValueError(f"{name} must have at least 2 axes (..., n, d), got shape {arr.shape}")
+            raise ValueError(f"{name} must have at least 2 axes (..., L, d), got shape {arr.shape}")
         _check_nonempty(name, arr)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share the last axis d_k: q shape {q.shape}, k shape {k.shape}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must share the key axis n_k: k shape {k.shape}, v shape {v.shape}")
+        raise ValueError(f"k and v must share the key axis L_kv: k shape {k.shape}, v shape {v.shape}")
     try:
         batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except ValueError:
@@ -143,8 +151,15 @@ def _check_qkv(q, k, v):
     return q, k, v, batch
 
 
-def _check_params(params, n_heads):
-    """Validate the parameter dict; return (float64 params, _Dims)."""
+def check_params(params, n_heads):
+    """Check a ``params`` dict (the convention of the module docstring) for a layer with ``n_heads`` query heads.
+
+    Returns ``(p, dims)``: ``p`` a new dict of float64 arrays (a bias given as None is left out) and ``dims`` the
+    layer's :class:`Dims` (d_model, n_heads, n_kv_heads, head_dim), read from the shapes. TypeError/ValueError, naming
+    the key and the shapes, for a missing or unexpected key, a non-numeric or non-finite entry, shapes that do not fit
+    together, ``n_heads`` not dividing W_q's width, or ``n_kv_heads`` not dividing ``n_heads``. Every function of this
+    module that takes ``params`` starts with it, and so does ``mha.convert``.
+    """
     if not isinstance(params, dict):
         raise TypeError(
             f"params must be a dict with keys {_WEIGHT_KEYS} (+ optional biases), got {type(params).__name__}"
@@ -194,13 +209,13 @@ def _check_params(params, n_heads):
     for key, shape in bias_shapes.items():
         if key in p and p[key].shape != shape:
             raise ValueError(f"params['{key}'] must have shape {shape}, got {p[key].shape}")
-    return p, _Dims(d_model, n_heads, n_kv_heads, head_dim)
+    return p, Dims(d_model, n_heads, n_kv_heads, head_dim)
 
 
 def _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal=False):
     """All checks for the multi-head functions. Returns 3-D x_q, x_kv, params, dims, mask (the causal mask
     included), unbatched flag."""
-    p, dims = _check_params(params, n_heads)
+    p, dims = check_params(params, n_heads)
     x_q = _as_float_array("x_q", x_q)
     if x_q.ndim not in (2, 3):
         raise ValueError(f"x_q must be 2-D (L, d_model) or 3-D (N, L, d_model), got shape {x_q.shape}")
@@ -324,7 +339,7 @@ def softmax_backward(weights, grad_weights):
 def _scores(q, k, scale):
     """``S = scale * q k^T``; refuses to continue if the product overflowed float64."""
     with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-        S = scale * (q @ np.swapaxes(k, -1, -2))  # (..., n_q, n_k)
+        S = scale * (q @ np.swapaxes(k, -1, -2))  # (..., L_q, L_kv)
     if not np.all(np.isfinite(S)):
         raise ValueError("q @ k^T * scale overflowed float64 (non-finite scores); q and k are too large")
     return S
@@ -335,24 +350,24 @@ def _check_attention_args(q, k, v, mask, scale, is_causal=False):
     included), scale."""
     q, k, v, batch = _check_qkv(q, k, v)
     scale = _check_scale(scale, q.shape[-1])
-    mask = _check_mask(mask, batch + (q.shape[-2], k.shape[-2]), "(..., n_q, n_k)")
+    mask = _check_mask(mask, batch + (q.shape[-2], k.shape[-2]), "(..., L_q, L_kv)")
     mask = _with_causal(mask, is_causal, q.shape[-2], k.shape[-2])
     return q, k, v, batch, mask, scale
 
 
 def _attention(q, k, v, mask, scale):
     """softmax(scale q k^T) v on checked inputs."""
-    weights = _masked_softmax(_scores(q, k, scale), mask)  # (..., n_q, n_k)
-    return weights @ v, weights  # (..., n_q, d_v), (..., n_q, n_k)
+    weights = _masked_softmax(_scores(q, k, scale), mask)  # (..., L_q, L_kv)
+    return weights @ v, weights  # (..., L_q, d_v), (..., L_q, L_kv)
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None, is_causal=False):
     """``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V``.
 
-    q ``(..., n_q, d_k)``, k ``(..., n_k, d_k)``, v ``(..., n_k, d_v)``; leading axes broadcast. ``mask`` is boolean,
-    broadcastable to ``(..., n_q, n_k)``, True = may attend. ``scale`` defaults to ``1/sqrt(d_k)`` (otherwise a
-    finite number > 0). ``is_causal`` adds the bottom-right aligned causal mask (:func:`causal_mask`).
-    Returns ``(out (..., n_q, d_v), weights (..., n_q, n_k))``. A query row with no allowed key gets zero weights and
+    q ``(..., L_q, d_k)``, k ``(..., L_kv, d_k)``, v ``(..., L_kv, d_v)``; leading axes broadcast. ``mask`` is
+    boolean, broadcastable to ``(..., L_q, L_kv)``, True = may attend. ``scale`` defaults to ``1/sqrt(d_k)``
+    (otherwise a finite number > 0). ``is_causal`` adds the bottom-right aligned causal mask (:func:`causal_mask`).
+    Returns ``(out (..., L_q, d_v), weights (..., L_q, L_kv))``. A query row with no allowed key gets zero weights and
     a zero output row (never NaN).
 
     Book: part I, 'Scaled dot-product attention'; the scale: part I, 'Why divide by sqrt(d_k)'.
@@ -385,12 +400,12 @@ def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, 
     dO = _as_float_array("grad_out", grad_out)
     expected = batch + (q.shape[-2], v.shape[-1])
     if dO.shape != expected:
-        raise ValueError(f"grad_out shape {dO.shape} must equal the output shape {expected} (..., n_q, d_v)")
-    _, A = _attention(q, k, v, mask, scale)  # (..., n_q, n_k)
-    dV = np.swapaxes(A, -1, -2) @ dO  # (..., n_k, d_v)
-    dS = softmax_backward(A, dO @ np.swapaxes(v, -1, -2))  # (..., n_q, n_k)
-    dQ = scale * (dS @ k)  # (..., n_q, d_k)
-    dK = scale * (np.swapaxes(dS, -1, -2) @ q)  # (..., n_k, d_k)
+        raise ValueError(f"grad_out shape {dO.shape} must equal the output shape {expected} (..., L_q, d_v)")
+    _, A = _attention(q, k, v, mask, scale)  # (..., L_q, L_kv)
+    dV = np.swapaxes(A, -1, -2) @ dO  # (..., L_kv, d_v)
+    dS = softmax_backward(A, dO @ np.swapaxes(v, -1, -2))  # (..., L_q, L_kv)
+    dQ = scale * (dS @ k)  # (..., L_q, d_k)
+    dK = scale * (np.swapaxes(dS, -1, -2) @ q)  # (..., L_kv, d_k)
     return _sum_to_shape(dQ, q.shape), _sum_to_shape(dK, k.shape), _sum_to_shape(dV, v.shape)
 
 
@@ -405,28 +420,63 @@ def _linear(x, W, b=None):
     return y if b is None else y + b
 
 
-def _split_into_heads(y, n):
-    """(N, L, n*head_dim) -> (N, n, L, head_dim)."""
+def _heads_array(y, shape_desc):
+    """``y`` as a float64 array of rank ``len(shape_desc)``. NaN and inf are let through: the head helpers only move
+    numbers, and a NaN moved is still the same NaN."""
+    y = _as_float_array("y", y, finite=False)
+    if y.ndim != len(shape_desc):
+        raise ValueError(f"y must be {len(shape_desc)}-D ({', '.join(shape_desc)}), got shape {y.shape}")
+    return y
+
+
+def split_heads(y, n_heads):
+    """``(N, L, n_heads*head_dim) -> (N, n_heads, L, head_dim)``: head i is column block i of ``y``.
+
+    A reshape cuts each position's row into ``n_heads`` blocks of ``head_dim`` columns, ``(N, L, n_heads, head_dim)``;
+    swapping axes 1 and 2 then puts the heads before the positions (Theorem multihead-thm-fused). Used with
+    ``n_heads = h`` on the queries and ``n_heads = g`` on the keys and values (a view of ``y`` if it is float64).
+    ``n_heads`` must be an integer >= 1 dividing ``y``'s last axis.
+
+    Book: part I, 'From one head to h heads'.
+    """
+    y = _heads_array(y, ("N", "L", "n_heads*head_dim"))
+    n_heads = check_int("n_heads", n_heads)
     N, L, width = y.shape
-    return y.reshape(N, L, n, width // n).transpose(0, 2, 1, 3)  # (N, L, n, head_dim) -> (N, n, L, head_dim)
+    if width % n_heads:
+        raise ValueError(f"n_heads = {n_heads} must divide y's last axis n_heads*head_dim = {width} "
+                         f"(y shape {y.shape})")
+    head_dim = width // n_heads
+    return y.reshape(N, L, n_heads, head_dim).transpose(0, 2, 1, 3)  # (N, L, n, head_dim) -> (N, n, L, head_dim)
 
 
-def _merge_heads(y):
-    """(N, n, L, head_dim) -> (N, L, n*head_dim): the concatenation of the heads."""
-    N, n, L, head_dim = y.shape
-    return y.transpose(0, 2, 1, 3).reshape(N, L, n * head_dim)  # (N, L, n, head_dim) -> (N, L, n*head_dim)
+def merge_heads(y):
+    """``(N, n_heads, L, head_dim) -> (N, L, n_heads*head_dim)``: the concatenation of the heads, the inverse of
+    :func:`split_heads` (head i's output fills column block i).
+
+    Book: part I, 'From one head to h heads' (Eq. multihead-output).
+    """
+    y = _heads_array(y, ("N", "n_heads", "L", "head_dim"))
+    N, n_heads, L, head_dim = y.shape
+    return y.transpose(0, 2, 1, 3).reshape(N, L, n_heads * head_dim)  # (N, L, n, head_dim) -> (N, L, n*head_dim)
 
 
-def _repeat_kv(y, group):
-    """(N, g, L, head_dim) -> (N, g*group, L, head_dim): query head j reads kv head j // group."""
-    return np.repeat(y, group, axis=1)  # (N, h, L, head_dim)
+def repeat_kv(y, n_rep):
+    """``(N, g, L, head_dim) -> (N, g*n_rep, L, head_dim)``: each key/value head copied to the ``n_rep = h/g`` query
+    heads of its group, in place, so that query head j reads key/value head ``j // n_rep`` (``np.repeat``, not
+    ``np.tile``). ``n_rep`` must be an integer >= 1; ``n_rep = 1`` (MHA) returns a copy.
+
+    Book: part II, 'MQA and GQA' (Eq. gqa-map).
+    """
+    y = _heads_array(y, ("N", "g", "L", "head_dim"))
+    n_rep = check_int("n_rep", n_rep)
+    return np.repeat(y, n_rep, axis=1)  # (N, h, L, head_dim)
 
 
 def _project(x_q, x_kv, p, dims):
-    """Q, K, V of every head: (N, h, L_q, hd), (N, g, L_kv, hd), (N, g, L_kv, hd)."""
-    q = _split_into_heads(_linear(x_q, p["W_q"], p.get("b_q")), dims.n_heads)  # (N, h, L_q, head_dim)
-    k = _split_into_heads(_linear(x_kv, p["W_k"], p.get("b_k")), dims.n_kv_heads)  # (N, g, L_kv, head_dim)
-    v = _split_into_heads(_linear(x_kv, p["W_v"], p.get("b_v")), dims.n_kv_heads)  # (N, g, L_kv, head_dim)
+    """Q, K, V of every head: (N, h, L_q, head_dim), (N, g, L_kv, head_dim), (N, g, L_kv, head_dim)."""
+    q = split_heads(_linear(x_q, p["W_q"], p.get("b_q")), dims.n_heads)  # (N, h, L_q, head_dim)
+    k = split_heads(_linear(x_kv, p["W_k"], p.get("b_k")), dims.n_kv_heads)  # (N, g, L_kv, head_dim)
+    v = split_heads(_linear(x_kv, p["W_v"], p.get("b_v")), dims.n_kv_heads)  # (N, g, L_kv, head_dim)
     return q, k, v
 
 
@@ -448,36 +498,36 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False,
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
     need_weights = _check_flag("need_weights", need_weights)
     q, k, v = _project(x_q, x_kv, p, dims)
-    group = dims.n_heads // dims.n_kv_heads
-    heads, weights = scaled_dot_product_attention(q, _repeat_kv(k, group), _repeat_kv(v, group), mask)
-    out = _linear(_merge_heads(heads), p["W_o"], p.get("b_o"))  # (N, L_q, d_model)
+    n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
+    heads, weights = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)
+    out = _linear(merge_heads(heads), p["W_o"], p.get("b_o"))  # (N, L_q, d_model)
     if unbatched:
         out, weights = out[0], weights[0]
     return out, weights if need_weights else None
 
 
-def split_heads(params, n_heads):
+def head_weights(params, n_heads):
     """The per-head matrices hidden in the fused ones: a list with one dict per query head i.
 
-    Each dict has ``W_q_i = W_q[:, i*hd:(i+1)*hd]``, ``W_k_i``/``W_v_i`` = the columns of key/value head
-    ``kv_head = i // (h/g)``, ``W_o_i = W_o[i*hd:(i+1)*hd, :]`` (row block i of W_o), the matching bias slices
-    ``b_q_i``, ``b_k_i``, ``b_v_i`` (None when params has no such bias) and ``kv_head`` (an int).
+    Each dict has ``W_q_i = W_q[:, i*head_dim:(i+1)*head_dim]``, ``W_k_i``/``W_v_i`` = the columns of key/value head
+    ``kv_head = i // (h/g)``, ``W_o_i = W_o[i*head_dim:(i+1)*head_dim, :]`` (row block i of W_o), the matching bias
+    slices ``b_q_i``, ``b_k_i``, ``b_v_i`` (None when params has no such bias) and ``kv_head`` (an int).
     ``b_o`` is not per head: it is added once after the sum over heads. Arrays are views (float64).
 
     Book: part I, 'From one head to h heads'.
     """
-    p, dims = _check_params(params, n_heads)
-    hd, group = dims.head_dim, dims.n_heads // dims.n_kv_heads
+    p, dims = check_params(params, n_heads)
+    head_dim, n_rep = dims.head_dim, dims.n_heads // dims.n_kv_heads
 
     def block(j):  # columns (or bias entries) of head j
-        return slice(j * hd, (j + 1) * hd)
+        return slice(j * head_dim, (j + 1) * head_dim)
 
     def bias(key, j):
         return p[key][block(j)] if key in p else None
 
     heads = []
     for i in range(dims.n_heads):
-        kv = i // group  # the key/value head that query head i reads
+        kv = i // n_rep  # the key/value head that query head i reads
         heads.append(
             {
                 "W_q_i": p["W_q"][:, block(i)],  # (d_model, head_dim)
@@ -496,7 +546,7 @@ def split_heads(params, n_heads):
 def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_causal=False, need_weights=True):
     """The literal per-head form: ``out = sum_i Attention(X_q W_i^Q, X_kv W_i^K, X_kv W_i^V) W_i^O + b^O``.
 
-    A Python loop over heads with the separate matrices of ``split_heads``. Concatenating heads and multiplying by
+    A Python loop over heads with the separate matrices of ``head_weights``. Concatenating heads and multiplying by
     W^O equals summing ``head_i W_i^O`` over the row blocks W_i^O of W^O, so this equals ``multi_head_attention``
     (same arguments, same return shapes); the book proves it, the tests check it.
 
@@ -509,7 +559,7 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_caus
         mask = np.broadcast_to(mask, (N, dims.n_heads, L_q, L_kv))  # (N, h, L_q, L_kv)
     out = np.zeros((N, L_q, dims.d_model))
     weights = np.zeros((N, dims.n_heads, L_q, L_kv))
-    for i, head in enumerate(split_heads(p, n_heads)):
+    for i, head in enumerate(head_weights(p, n_heads)):
         q_i = _linear(x_q, head["W_q_i"], head["b_q_i"])  # (N, L_q, head_dim)
         k_i = _linear(x_kv, head["W_k_i"], head["b_k_i"])  # (N, L_kv, head_dim)
         v_i = _linear(x_kv, head["W_v_i"], head["b_v_i"])  # (N, L_kv, head_dim)
@@ -548,22 +598,22 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
     dO = dO.reshape(N, L_q, dims.d_model)  # (N, L_q, d_model)
 
     q, k, v = _project(x_q, x_kv, p, dims)
-    group = dims.n_heads // dims.n_kv_heads
-    heads, _ = scaled_dot_product_attention(q, _repeat_kv(k, group), _repeat_kv(v, group), mask)
-    M = _merge_heads(heads)  # (N, L_q, h*head_dim)
+    n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
+    heads, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)
+    M = merge_heads(heads)  # (N, L_q, h*head_dim)
 
     grads = {"W_o": np.einsum("nlc,nld->cd", M, dO)}
     dM = dO @ p["W_o"].T  # (N, L_q, h*head_dim)
     dq, dk_rep, dv_rep = scaled_dot_product_attention_grad(
-        q, _repeat_kv(k, group), _repeat_kv(v, group), _split_into_heads(dM, dims.n_heads), mask
+        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), split_heads(dM, dims.n_heads), mask
     )
-    # (N, h, L_kv, hd) -> (N, g, h/g, L_kv, hd), summed over the query heads sharing each kv head.
-    dk = dk_rep.reshape(N, dims.n_kv_heads, group, *dk_rep.shape[2:]).sum(axis=2)  # (N, g, L_kv, head_dim)
-    dv = dv_rep.reshape(N, dims.n_kv_heads, group, *dv_rep.shape[2:]).sum(axis=2)  # (N, g, L_kv, head_dim)
+    # (N, h, L_kv, head_dim) -> (N, g, h/g, L_kv, head_dim), summed over the query heads sharing each kv head.
+    dk = dk_rep.reshape(N, dims.n_kv_heads, n_rep, *dk_rep.shape[2:]).sum(axis=2)  # (N, g, L_kv, head_dim)
+    dv = dv_rep.reshape(N, dims.n_kv_heads, n_rep, *dv_rep.shape[2:]).sum(axis=2)  # (N, g, L_kv, head_dim)
 
     dx_q = dx_kv = 0.0
     for name, x, d_heads in (("q", x_q, dq), ("k", x_kv, dk), ("v", x_kv, dv)):
-        dY = _merge_heads(d_heads)  # (N, L, n*head_dim)
+        dY = merge_heads(d_heads)  # (N, L, n*head_dim)
         grads[f"W_{name}"] = np.einsum("nld,nlc->dc", x, dY)
         if f"b_{name}" in p:
             grads[f"b_{name}"] = dY.sum(axis=(0, 1))
@@ -591,11 +641,11 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
 
 def _normalise(acc, l):
     """``acc / l``, and 0 where ``l = 0`` (rows with no allowed key)."""
-    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)  # (..., n_q, d_v)
+    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)  # (..., L_q, d_v)
 
 
 def _row_state(m, l):
-    """The per-row statistics of the online softmax as (..., n_q) arrays: m, l and lse = m + log l (-inf if l = 0)."""
+    """The per-row statistics of the online softmax as (..., L_q) arrays: m, l and lse = m + log l (-inf if l = 0)."""
     lse = np.full_like(l, -np.inf)
     np.log(l, out=lse, where=l > 0)
     return {"m": m[..., 0].copy(), "l": l[..., 0].copy(), "lse": (m + lse)[..., 0]}
@@ -603,7 +653,7 @@ def _row_state(m, l):
 
 def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_causal=False, return_stats=False,
                              return_state=False, keep_history=False):
-    """Exact attention without the n_q x n_k matrix: keys/values visited in blocks of ``block_size``.
+    """Exact attention without the L_q x L_kv matrix: keys/values visited in blocks of ``block_size``.
 
     Running row max ``m``, running normaliser ``l`` and un-normalised accumulator ``acc``; for each key block B::
 
@@ -612,17 +662,17 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_caus
 
     and finally ``out = acc / l``. Same arguments and conventions as ``scaled_dot_product_attention`` (``mask``,
     ``scale``, ``is_causal``) plus
-    ``block_size`` (integer >= 1; larger than n_k means a single block). Returns ``out`` only (the weights are
+    ``block_size`` (integer >= 1; larger than L_kv means a single block). Returns ``out`` only (the weights are
     exactly what this form never stores). All-masked query rows give a zero output row. Equal to the naive form to
     float64 rounding.
 
     With ``return_stats=True`` returns ``(out, stats)`` where ``stats`` counts float64 elements:
-    ``'max_block_elements'`` = the largest score block held at once (``batch * n_q * min(block_size, n_k)``),
-    ``'full_matrix_elements'`` = what the naive form materialises (``batch * n_q * n_k``), ``'n_blocks'``, and
-    ``'state_elements'`` = the running state ``m``, ``l``, ``acc`` (``batch * n_q * (2 + d_v)``).
+    ``'max_block_elements'`` = the largest score block held at once (``batch * L_q * min(block_size, L_kv)``),
+    ``'full_matrix_elements'`` = what the naive form materialises (``batch * L_q * L_kv``), ``'n_blocks'``, and
+    ``'state_elements'`` = the running state ``m``, ``l``, ``acc`` (``batch * L_q * (2 + d_v)``).
 
     With ``return_state=True`` returns ``(out, state)`` (``(out, stats, state)`` if both flags are set), where
-    ``state`` is a dict of the final per-row statistics, each of shape ``(..., n_q)`` (the broadcast batch axes,
+    ``state`` is a dict of the final per-row statistics, each of shape ``(..., L_q)`` (the broadcast batch axes,
     then one entry per query row):
 
     * ``'m'``: the row maximum of the allowed scaled scores, ``max_j s_j``;
@@ -631,9 +681,9 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_caus
       for its backward pass (the weights are ``exp(s_j - lse)``);
     * ``'history'``: ``None``, or with ``keep_history=True`` a list with one dict per key block, in order, holding
       the state after that block: ``'stop'`` (number of keys seen so far), ``'m'``, ``'l'``, ``'lse'`` (shape
-      ``(..., n_q)``), ``'alpha'`` = ``exp(m_before - m_after)``, the factor that rescaled the old state
-      (``(..., n_q)``; 0 while the old state is empty, as in the first block), and ``'out'`` = ``acc / l``, the
-      attention output over the keys seen so far (``(..., n_q, d_v)``). The last entry equals the final state.
+      ``(..., L_q)``), ``'alpha'`` = ``exp(m_before - m_after)``, the factor that rescaled the old state
+      (``(..., L_q)``; 0 while the old state is empty, as in the first block), and ``'out'`` = ``acc / l``, the
+      attention output over the keys seen so far (``(..., L_q, d_v)``). The last entry equals the final state.
       The history costs ``n_blocks`` copies of the state: it is for displaying the recurrence on small inputs,
       not for long sequences.
 
@@ -650,24 +700,24 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_caus
     keep_history = _check_flag("keep_history", keep_history)
     if keep_history and not return_state:
         raise ValueError("keep_history=True requires return_state=True (the history is returned inside the state)")
-    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    l_q, l_kv, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     if mask is not None:
-        mask = np.broadcast_to(mask, batch + (n_q, n_k))  # a view: (..., n_q, n_k), nothing materialised
+        mask = np.broadcast_to(mask, batch + (l_q, l_kv))  # a view: (..., L_q, L_kv), nothing materialised
 
-    m = np.full(batch + (n_q, 1), -np.inf)  # running row max
-    l = np.zeros(batch + (n_q, 1))  # running sum of exp(s - m)
-    acc = np.zeros(batch + (n_q, d_v))  # running sum of exp(s - m) v
+    m = np.full(batch + (l_q, 1), -np.inf)  # running row max
+    l = np.zeros(batch + (l_q, 1))  # running sum of exp(s - m)
+    acc = np.zeros(batch + (l_q, d_v))  # running sum of exp(s - m) v
     max_block, n_blocks = 0, 0
     history = [] if keep_history else None
-    for start in range(0, n_k, block_size):
-        stop = min(start + block_size, n_k)
-        s = _scores(q, k[..., start:stop, :], scale)  # (..., n_q, B)
+    for start in range(0, l_kv, block_size):
+        stop = min(start + block_size, l_kv)
+        s = _scores(q, k[..., start:stop, :], scale)  # (..., L_q, B)
         if mask is not None:
             s = np.where(mask[..., start:stop], s, -np.inf)
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
         shift = np.where(np.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet: exp(-inf) = 0 anyway
         with np.errstate(over="ignore", under="ignore"):  # exponents <= 0: results in [0, 1], underflow -> 0
-            p = np.exp(s - shift)  # (..., n_q, B)
+            p = np.exp(s - shift)  # (..., L_q, B)
             alpha = np.exp(m - shift)  # rescales the old state to the new max
         l = alpha * l + p.sum(axis=-1, keepdims=True)
         acc = alpha * acc + p @ v[..., start:stop, :]
@@ -675,15 +725,15 @@ def online_softmax_attention(q, k, v, block_size, mask=None, scale=None, is_caus
         max_block, n_blocks = max(max_block, s.size), n_blocks + 1
         if keep_history:
             history.append({"stop": stop, **_row_state(m, l), "alpha": alpha[..., 0].copy(), "out": _normalise(acc, l)})
-    out = _normalise(acc, l)  # (..., n_q, d_v)
+    out = _normalise(acc, l)  # (..., L_q, d_v)
     results = (out,)
     if return_stats:
         n_batch = int(np.prod(batch, dtype=np.int64))
         results += ({
             "max_block_elements": max_block,
-            "full_matrix_elements": n_batch * n_q * n_k,
+            "full_matrix_elements": n_batch * l_q * l_kv,
             "n_blocks": n_blocks,
-            "state_elements": n_batch * n_q * (2 + d_v),
+            "state_elements": n_batch * l_q * (2 + d_v),
         },)
     if return_state:
         results += ({**_row_state(m, l), "history": history},)

@@ -100,7 +100,7 @@ CASES = [  # run by test_reference_errors.py
     pytest.param(lambda: R.init_params(8, 2, seed=-1), ValueError,
                  r"seed must be an integer >= 0, None or a numpy Generator, got -1", id="init-seed-negative"),
     # --- params dicts with keys of several types ---------------------------------------------------------------
-    pytest.param(lambda: R.split_heads({**R.init_params(8, 2), 3: 1.0, "Wq": 1.0}, 2), ValueError,
+    pytest.param(lambda: R.head_weights({**R.init_params(8, 2), 3: 1.0, "Wq": 1.0}, 2), ValueError,
                  r"params has unexpected key\(s\) \['Wq', 3\]", id="params-unknown-keys-mixed-types"),
     # --- counting ----------------------------------------------------------------------------------------------
     pytest.param(lambda: C.param_count(8, 2, bias="no"), TypeError,

@@ -83,14 +83,14 @@ def _check_shapes(q, k, v) -> None:
 
 def check_backward_inputs(q, out, lse, grad_out) -> None:
     """``out`` and ``grad_out`` shaped and typed like q; ``lse`` float32 (N, h, L_q) on q's device."""
-    n_batch, n_heads, seq_len_q, _ = q.shape
+    n_batch, n_heads, l_q, _ = q.shape
     for name, tensor in (("out", out), ("grad_out", grad_out)):
         check_type(name, tensor, torch.Tensor, "a torch.Tensor shaped like q")
         check_shape(name, tensor, tuple(q.shape), "(N, h, L_q, d)")
         if tensor.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {tensor.dtype}")
     check_type("lse", lse, torch.Tensor, "a float32 torch.Tensor of shape (N, h, L_q)")
-    check_shape("lse", lse, (n_batch, n_heads, seq_len_q), "(N, h, L_q)")
+    check_shape("lse", lse, (n_batch, n_heads, l_q), "(N, h, L_q)")
     if lse.dtype != torch.float32:
         raise TypeError(f"lse must have dtype torch.float32, got {lse.dtype}")
     for name, tensor in (("out", out), ("lse", lse), ("grad_out", grad_out)):

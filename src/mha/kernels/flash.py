@@ -100,20 +100,20 @@ def _store_rows(base, tile, rows, n_rows, stride_row, stride_col, HEAD_DIM: tl.c
 
 
 @triton.jit
-def _allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr):
+def _allowed(rows, cols, l_kv, causal_offset, IS_CAUSAL: tl.constexpr):
     """(len(rows), len(cols)) boolean: key ``col`` exists and, if causal, query ``row`` may see it.
 
     Bottom-right alignment: query i (of the last L_q positions) sees key j iff j <= L_kv - L_q + i, so
     ``causal_offset = L_kv - L_q``. Book: part II, "Autoregressive decoding and the KV cache".
     """
-    allowed = (cols[None, :] < seq_len_kv) & (rows[:, None] >= 0)  # the second term only broadcasts to 2-D
+    allowed = (cols[None, :] < l_kv) & (rows[:, None] >= 0)  # the second term only broadcasts to 2-D
     if IS_CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + causal_offset)
     return allowed
 
 
 @triton.jit
-def _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def _key_tiles(first_row, l_kv, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr):
     """For the query tile starting at ``first_row``: ``(full_end, visible_end)``.
 
@@ -123,11 +123,11 @@ def _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr, BL
     """
     if IS_CAUSAL:
         # the last row sees keys < first_row + BLOCK_M + offset; the first row sees keys < first_row + offset + 1
-        visible_end = tl.minimum(tl.maximum(first_row + BLOCK_M + causal_offset, 0), seq_len_kv)
-        every_row_end = tl.minimum(tl.maximum(first_row + causal_offset + 1, 0), seq_len_kv)
+        visible_end = tl.minimum(tl.maximum(first_row + BLOCK_M + causal_offset, 0), l_kv)
+        every_row_end = tl.minimum(tl.maximum(first_row + causal_offset + 1, 0), l_kv)
     else:
-        visible_end = seq_len_kv
-        every_row_end = seq_len_kv
+        visible_end = l_kv
+        every_row_end = l_kv
     full_end = (every_row_end // BLOCK_N) * BLOCK_N  # whole tiles only; a partial tile goes to the masked loop
     return full_end, visible_end
 
@@ -139,7 +139,7 @@ def _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr, BL
 # [forward-kernel-start]
 @triton.jit
 def _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start_n, rows,
-                  seq_len_kv, causal_offset, scale_log2, IS_CAUSAL: tl.constexpr, MASK: tl.constexpr,
+                  l_kv, causal_offset, scale_log2, IS_CAUSAL: tl.constexpr, MASK: tl.constexpr,
                   IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """One step of the online softmax: fold the key tile starting at ``start_n`` into (acc, m, l).
 
@@ -147,11 +147,11 @@ def _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
     Book: part II, "Exact attention without the L × L matrix", eq. (online-matrix).
     """
     cols = start_n + tl.arange(0, BLOCK_N)  # key positions of this tile
-    k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-    v = _load_rows(v_base, cols, seq_len_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    k = _load_rows(k_base, cols, l_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(v_base, cols, l_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
     s = _dot(q, tl.trans(k), IEEE) * scale_log2  # (BLOCK_M, BLOCK_N) base-2 scores
     if MASK:
-        s = tl.where(_allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL), s, float("-inf"))
+        s = tl.where(_allowed(rows, cols, l_kv, causal_offset, IS_CAUSAL), s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))  # eq. (online-rec-m)
     if MASK:
         m_new_finite = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: shift by 0, not -inf
@@ -170,14 +170,14 @@ def _forward_kernel(Q, K, V, Out, Lse,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
                     stride_ob, stride_oh, stride_om, stride_od,
-                    n_heads, group_size, seq_len_q, seq_len_kv, scale_log2, tune_len_q, tune_len_kv,
+                    n_heads, n_rep, l_q, l_kv, scale_log2, tune_len_q, tune_len_kv,
                     IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr):
     """One program: one query tile of one (batch, query head); grid (cdiv(L_q, BLOCK_M), N * h).
 
     Keeps the Q tile, m, l and the accumulator on chip, streams K and V tiles of key/value head
-    ``head // group_size``, and writes O and the log-sum-exp (base e) once.
+    ``head // n_rep``, and writes O and the log-sum-exp (base e) once.
     ``tune_len_q`` and ``tune_len_kv`` are not read: they are the lengths rounded up to a power of two, the
     autotuner's key on a GPU.
     Book: part II, "From the recurrence to a kernel".
@@ -186,27 +186,27 @@ def _forward_kernel(Q, K, V, Out, Lse,
     pid_bh = tl.program_id(1)
     batch = (pid_bh // n_heads).to(tl.int64)
     head = (pid_bh % n_heads).to(tl.int64)
-    kv_head = head // group_size  # GQA: the key/value head this query head reads, no copy
+    kv_head = head // n_rep  # GQA: the key/value head this query head reads, no copy
     first_row = pid_m * BLOCK_M
     rows = first_row + tl.arange(0, BLOCK_M)  # query positions of this tile
 
     q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
-    q = _load_rows(q_base, rows, seq_len_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    q = _load_rows(q_base, rows, l_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # un-normalised output
-    causal_offset = seq_len_kv - seq_len_q
-    full_end, visible_end = _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
+    causal_offset = l_kv - l_q
+    full_end, visible_end = _key_tiles(first_row, l_kv, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):  # tiles every row sees in full: no mask
         acc, m, l = _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                                  start_n, rows, l_kv, causal_offset, scale_log2,
                                   IS_CAUSAL, False, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
     for start_n in range(full_end, visible_end, BLOCK_N):  # the diagonal and the tail: masked
         acc, m, l = _forward_tile(acc, m, l, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                                  start_n, rows, l_kv, causal_offset, scale_log2,
                                   IS_CAUSAL, True, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
 
     empty = l == 0.0  # rows with no allowed key
@@ -214,8 +214,8 @@ def _forward_kernel(Q, K, V, Out, Lse,
     out = acc / l_safe[:, None]  # eq. (online-final); 0 for empty rows, whose acc is 0
     lse = tl.where(empty, float("inf"), (m + tl.log2(l_safe)) * 0.6931471805599453)  # base e: ln 2 (m + log2 l)
     o_base = Out + batch * stride_ob + head * stride_oh
-    _store_rows(o_base, out, rows, seq_len_q, stride_om, stride_od, HEAD_DIM, BLOCK_D)
-    tl.store(Lse + pid_bh.to(tl.int64) * seq_len_q + rows, lse, mask=rows < seq_len_q)
+    _store_rows(o_base, out, rows, l_q, stride_om, stride_od, HEAD_DIM, BLOCK_D)
+    tl.store(Lse + pid_bh.to(tl.int64) * l_q + rows, lse, mask=rows < l_q)
 # [forward-kernel-end]
 
 
@@ -228,7 +228,7 @@ def _forward_kernel(Q, K, V, Out, Lse,
 def _backward_preprocess_kernel(Out, dOut, Delta,
                                 stride_ob, stride_oh, stride_om, stride_od,
                                 stride_db, stride_dh, stride_dm, stride_dd,
-                                n_heads, seq_len_q,
+                                n_heads, l_q,
                                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """D_i = rowsum(dO_i * O_i) = sum_j A_ij dA_ij, float32, one program per query tile of one (batch, head).
 
@@ -242,14 +242,14 @@ def _backward_preprocess_kernel(Out, dOut, Delta,
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_base = Out + batch * stride_ob + head * stride_oh
     do_base = dOut + batch * stride_db + head * stride_dh
-    o = _load_rows(o_base, rows, seq_len_q, stride_om, stride_od, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
-    do = _load_rows(do_base, rows, seq_len_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    o = _load_rows(o_base, rows, l_q, stride_om, stride_od, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_base, rows, l_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (BLOCK_M,)
-    tl.store(Delta + pid_bh.to(tl.int64) * seq_len_q + rows, delta, mask=rows < seq_len_q)
+    tl.store(Delta + pid_bh.to(tl.int64) * l_q + rows, delta, mask=rows < l_q)
 
 
 @triton.jit
-def _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, scale_log2,
+def _recompute_weights(q, k, lse_log2, rows, cols, l_kv, causal_offset, scale_log2,
                        IS_CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr):
     """P = exp(S - L) for one (query tile, key tile), from Q, K and the stored log-sum-exp; no max, no sum.
 
@@ -257,13 +257,13 @@ def _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, sc
     """
     s = _dot(q, tl.trans(k), IEEE) * scale_log2  # (BLOCK_M, BLOCK_N) base-2 scores
     if MASK:
-        s = tl.where(_allowed(rows, cols, seq_len_kv, causal_offset, IS_CAUSAL), s, float("-inf"))
+        s = tl.where(_allowed(rows, cols, l_kv, causal_offset, IS_CAUSAL), s, float("-inf"))
     return tl.exp2(s - lse_log2[:, None])  # (BLOCK_M, BLOCK_N); masked entries and rows with L = +inf give 0
 
 
 @triton.jit
 def _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dm,
-                      stride_dd, start_m, cols, seq_len_q, seq_len_kv, causal_offset, scale_log2,
+                      stride_dd, start_m, cols, l_q, l_kv, causal_offset, scale_log2,
                       IS_CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add one query tile's contribution to dK and dV of the key tile ``cols``: dV += P^T dO, dK += dS^T Q.
@@ -272,11 +272,11 @@ def _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, strid
     pass"; "From the recurrence to a kernel".
     """
     rows = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base, rows, seq_len_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
-    do = _load_rows(do_base, rows, seq_len_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
-    lse_log2 = tl.load(lse_base + rows, mask=rows < seq_len_q, other=float("inf")) * 1.4426950408889634
-    delta = tl.load(delta_base + rows, mask=rows < seq_len_q, other=0.0)  # (BLOCK_M,)
-    p = _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, scale_log2,
+    q = _load_rows(q_base, rows, l_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_base, rows, l_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    lse_log2 = tl.load(lse_base + rows, mask=rows < l_q, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(delta_base + rows, mask=rows < l_q, other=0.0)  # (BLOCK_M,)
+    p = _recompute_weights(q, k, lse_log2, rows, cols, l_kv, causal_offset, scale_log2,
                            IS_CAUSAL, MASK, IEEE)  # (BLOCK_M, BLOCK_N)
     dv += _dot(tl.trans(p.to(do.dtype)), do, IEEE)  # (BLOCK_N, BLOCK_D)
     dp = _dot(do, tl.trans(v), IEEE)  # (BLOCK_M, BLOCK_N)
@@ -286,7 +286,7 @@ def _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, strid
 
 
 @triton.jit
-def _query_tiles(first_col, seq_len_q, seq_len_kv, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def _query_tiles(first_col, l_q, l_kv, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
     """For the key tile starting at ``first_col``: ``(first_start, full_start, end)`` over query tiles.
 
@@ -294,7 +294,7 @@ def _query_tiles(first_col, seq_len_q, seq_len_kv, causal_offset, IS_CAUSAL: tl.
     runs past L_kv); those in ``[full_start, end)`` see the whole key tile; rows before ``first_start`` see none
     of it and are skipped. Book: part II, "From the recurrence to a kernel" (the causal skip).
     """
-    end = tl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
+    end = tl.cdiv(l_q, BLOCK_M) * BLOCK_M
     if IS_CAUSAL:
         # row i sees key j iff i >= j - offset: first_col needs i >= first_col - offset, the last key one more
         first_row = tl.minimum(tl.maximum(first_col - causal_offset, 0), end)
@@ -304,7 +304,7 @@ def _query_tiles(first_col, seq_len_q, seq_len_kv, causal_offset, IS_CAUSAL: tl.
     else:
         first_start = 0
         full_start = 0
-    full_start = tl.where(first_col + BLOCK_N > seq_len_kv, end, full_start)  # a tail key tile: mask them all
+    full_start = tl.where(first_col + BLOCK_N > l_kv, end, full_start)  # a tail key tile: mask them all
     return first_start, full_start, end
 
 
@@ -316,13 +316,13 @@ def _backward_kv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
                         stride_db, stride_dh, stride_dm, stride_dd,
                         stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                        n_kv_heads, group_size, n_heads, seq_len_q, seq_len_kv, scale, scale_log2,
+                        n_kv_heads, n_rep, n_heads, l_q, l_kv, scale, scale_log2,
                         tune_len_q, tune_len_kv, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr):
     """One program: one key tile of one (batch, key/value head); grid (cdiv(L_kv, BLOCK_N), N * g).
 
-    Keeps K, V, dK and dV of its tile on chip and loops over the query tiles of each of the ``group_size``
+    Keeps K, V, dK and dV of its tile on chip and loops over the query tiles of each of the ``n_rep``
     query heads that read this key/value head, so a GQA group's gradients are summed here, with no atomics.
     ``tune_len_q``, ``tune_len_kv``: as in the forward: they are the lengths rounded up to a power of two, the
     autotuner's key on a GPU.
@@ -336,39 +336,39 @@ def _backward_kv_kernel(Q, K, V, dOut, Lse, Delta, dK, dV,
     cols = first_col + tl.arange(0, BLOCK_N)  # key positions of this tile
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
-    k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-    v = _load_rows(v_base, cols, seq_len_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    k = _load_rows(k_base, cols, l_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(v_base, cols, l_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    causal_offset = seq_len_kv - seq_len_q
-    first_start, full_start, end = _query_tiles(first_col, seq_len_q, seq_len_kv, causal_offset, IS_CAUSAL,
+    causal_offset = l_kv - l_q
+    first_start, full_start, end = _query_tiles(first_col, l_q, l_kv, causal_offset, IS_CAUSAL,
                                                 BLOCK_M, BLOCK_N)
-    for member in range(0, group_size):  # the query heads of this key/value head's group
-        head = kv_head * group_size + member
+    for member in range(0, n_rep):  # the query heads of this key/value head's group
+        head = kv_head * n_rep + member
         q_base = Q + batch * stride_qb + head * stride_qh
         do_base = dOut + batch * stride_db + head * stride_dh
-        lse_base = Lse + (batch * n_heads + head) * seq_len_q
-        delta_base = Delta + (batch * n_heads + head) * seq_len_q
+        lse_base = Lse + (batch * n_heads + head) * l_q
+        delta_base = Delta + (batch * n_heads + head) * l_q
         for start_m in range(first_start, full_start, BLOCK_M):  # the diagonal (and tails): masked
             dk, dv = _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_dm, stride_dd, start_m, cols, seq_len_q, seq_len_kv,
+                                       stride_dm, stride_dd, start_m, cols, l_q, l_kv,
                                        causal_offset, scale_log2, IS_CAUSAL, True, IEEE, BLOCK_M, BLOCK_D,
                                        HEAD_DIM)
         for start_m in range(full_start, end, BLOCK_M):  # query tiles that see the whole key tile
             dk, dv = _backward_kv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_dm, stride_dd, start_m, cols, seq_len_q, seq_len_kv,
+                                       stride_dm, stride_dd, start_m, cols, l_q, l_kv,
                                        causal_offset, scale_log2, IS_CAUSAL, False, IEEE, BLOCK_M, BLOCK_D,
                                        HEAD_DIM)
     dk = dk * scale  # dK = scale dS^T Q
     dk_base = dK + batch * stride_dkb + kv_head * stride_dkh
     dv_base = dV + batch * stride_dvb + kv_head * stride_dvh
-    _store_rows(dk_base, dk, cols, seq_len_kv, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_D)
-    _store_rows(dv_base, dv, cols, seq_len_kv, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_D)
+    _store_rows(dk_base, dk, cols, l_kv, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_D)
+    _store_rows(dv_base, dv, cols, l_kv, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                     start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                     start_n, rows, l_kv, causal_offset, scale_log2,
                      IS_CAUSAL: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add one key tile's contribution to dQ of the query tile: dQ += dS K (the scale is applied at the end).
@@ -376,9 +376,9 @@ def _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stri
     Book: part II, "The backward pass"; "From the recurrence to a kernel".
     """
     cols = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(k_base, cols, seq_len_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-    v = _load_rows(v_base, cols, seq_len_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
-    p = _recompute_weights(q, k, lse_log2, rows, cols, seq_len_kv, causal_offset, scale_log2,
+    k = _load_rows(k_base, cols, l_kv, stride_kn, stride_kd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    v = _load_rows(v_base, cols, l_kv, stride_vn, stride_vd, HEAD_DIM, BLOCK_D)  # (BLOCK_N, BLOCK_D)
+    p = _recompute_weights(q, k, lse_log2, rows, cols, l_kv, causal_offset, scale_log2,
                            IS_CAUSAL, MASK, IEEE)  # (BLOCK_M, BLOCK_N)
     dp = _dot(do, tl.trans(v), IEEE)  # (BLOCK_M, BLOCK_N)
     ds = p * (dp - delta[:, None])  # (BLOCK_M, BLOCK_N), dS / scale
@@ -393,7 +393,7 @@ def _backward_q_kernel(Q, K, V, dOut, Lse, Delta, dQ,
                        stride_vb, stride_vh, stride_vn, stride_vd,
                        stride_db, stride_dh, stride_dm, stride_dd,
                        stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-                       group_size, n_heads, seq_len_q, seq_len_kv, scale, scale_log2, tune_len_q, tune_len_kv,
+                       n_rep, n_heads, l_q, l_kv, scale, scale_log2, tune_len_q, tune_len_kv,
                        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr):
@@ -407,32 +407,32 @@ def _backward_q_kernel(Q, K, V, dOut, Lse, Delta, dQ,
     pid_bh = tl.program_id(1)
     batch = (pid_bh // n_heads).to(tl.int64)
     head = (pid_bh % n_heads).to(tl.int64)
-    kv_head = head // group_size
+    kv_head = head // n_rep
     first_row = pid_m * BLOCK_M
     rows = first_row + tl.arange(0, BLOCK_M)
     q_base = Q + batch * stride_qb + head * stride_qh
     do_base = dOut + batch * stride_db + head * stride_dh
-    q = _load_rows(q_base, rows, seq_len_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
-    do = _load_rows(do_base, rows, seq_len_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
-    row_stats = pid_bh.to(tl.int64) * seq_len_q + rows
-    lse_log2 = tl.load(Lse + row_stats, mask=rows < seq_len_q, other=float("inf")) * 1.4426950408889634
-    delta = tl.load(Delta + row_stats, mask=rows < seq_len_q, other=0.0)  # (BLOCK_M,)
+    q = _load_rows(q_base, rows, l_q, stride_qm, stride_qd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    do = _load_rows(do_base, rows, l_q, stride_dm, stride_dd, HEAD_DIM, BLOCK_D)  # (BLOCK_M, BLOCK_D)
+    row_stats = pid_bh.to(tl.int64) * l_q + rows
+    lse_log2 = tl.load(Lse + row_stats, mask=rows < l_q, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(Delta + row_stats, mask=rows < l_q, other=0.0)  # (BLOCK_M,)
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    causal_offset = seq_len_kv - seq_len_q
-    full_end, visible_end = _key_tiles(first_row, seq_len_kv, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
+    causal_offset = l_kv - l_q
+    full_end, visible_end = _key_tiles(first_row, l_kv, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):
         dq = _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                              stride_vd, start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                              stride_vd, start_n, rows, l_kv, causal_offset, scale_log2,
                               IS_CAUSAL, False, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
     for start_n in range(full_end, visible_end, BLOCK_N):
         dq = _backward_q_tile(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                              stride_vd, start_n, rows, seq_len_kv, causal_offset, scale_log2,
+                              stride_vd, start_n, rows, l_kv, causal_offset, scale_log2,
                               IS_CAUSAL, True, IEEE, BLOCK_N, BLOCK_D, HEAD_DIM)
     dq = dq * scale  # dQ = scale dS K
     dq_base = dQ + batch * stride_dqb + head * stride_dqh
-    _store_rows(dq_base, dq, rows, seq_len_q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_D)
+    _store_rows(dq_base, dq, rows, l_q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_D)
 # [backward-kernels-end]
 
 
@@ -526,14 +526,14 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 def _forward(q, k, v, is_causal: bool, scale: float):
     """Launch the forward kernel on checked inputs; returns (out (N, h, L_q, d), lse (N, h, L_q) float32)."""
-    n_batch, n_heads, seq_len_q, head_dim = q.shape
-    n_kv_heads, seq_len_kv = k.shape[1], k.shape[2]
+    n_batch, n_heads, l_q, head_dim = q.shape
+    n_kv_heads, l_kv = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (N, h, L_q, d)
-    lse = torch.empty((n_batch, n_heads, seq_len_q), device=q.device, dtype=torch.float32)  # (N, h, L_q)
+    lse = torch.empty((n_batch, n_heads, l_q), device=q.device, dtype=torch.float32)  # (N, h, L_q)
     args = (q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            n_heads, n_heads // n_kv_heads, seq_len_q, seq_len_kv, scale * LOG2_E,
-            _tune_len(seq_len_q), _tune_len(seq_len_kv))
-    grid = lambda meta: (triton.cdiv(seq_len_q, meta["BLOCK_M"]), n_batch * n_heads)  # noqa: E731
+            n_heads, n_heads // n_kv_heads, l_q, l_kv, scale * LOG2_E,
+            _tune_len(l_q), _tune_len(l_kv))
+    grid = lambda meta: (triton.cdiv(l_q, meta["BLOCK_M"]), n_batch * n_heads)  # noqa: E731
     _launch("forward", grid, args, q.dtype, IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32,
             BLOCK_D=_padded_head_dim(head_dim), HEAD_DIM=head_dim)
     return out, lse
@@ -541,26 +541,26 @@ def _forward(q, k, v, is_causal: bool, scale: float):
 
 def _backward(q, k, v, out, lse, grad_out, is_causal: bool, scale: float):
     """Launch the three backward kernels on checked inputs; returns (dq, dk, dv) in the inputs' dtype."""
-    n_batch, n_heads, seq_len_q, head_dim = q.shape
-    n_kv_heads, seq_len_kv = k.shape[1], k.shape[2]
+    n_batch, n_heads, l_q, head_dim = q.shape
+    n_kv_heads, l_kv = k.shape[1], k.shape[2]
     shapes = {"BLOCK_D": _padded_head_dim(head_dim), "HEAD_DIM": head_dim}
     flags = {"IS_CAUSAL": is_causal, "IEEE": q.dtype == torch.float32} | shapes
-    delta = torch.empty((n_batch, n_heads, seq_len_q), device=q.device, dtype=torch.float32)  # (N, h, L_q)
+    delta = torch.empty((n_batch, n_heads, l_q), device=q.device, dtype=torch.float32)  # (N, h, L_q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (N, h, L_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (N, g, L_kv, d)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (N, g, L_kv, d)
 
     rows = INTERPRETER_TILES["backward_q"].block_m if is_interpreted() else PREPROCESS_ROWS
-    _backward_preprocess_kernel[(triton.cdiv(seq_len_q, rows), n_batch * n_heads)](
-        out, grad_out, delta, *_strides(out), *_strides(grad_out), n_heads, seq_len_q, BLOCK_M=rows, **shapes)
-    common = (n_heads, seq_len_q, seq_len_kv, scale, scale * LOG2_E, _tune_len(seq_len_q), _tune_len(seq_len_kv))
+    _backward_preprocess_kernel[(triton.cdiv(l_q, rows), n_batch * n_heads)](
+        out, grad_out, delta, *_strides(out), *_strides(grad_out), n_heads, l_q, BLOCK_M=rows, **shapes)
+    common = (n_heads, l_q, l_kv, scale, scale * LOG2_E, _tune_len(l_q), _tune_len(l_kv))
     kv_args = (q, k, v, grad_out, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v),
                *_strides(grad_out), *_strides(dk), *_strides(dv), n_kv_heads, n_heads // n_kv_heads, *common)
-    kv_grid = lambda meta: (triton.cdiv(seq_len_kv, meta["BLOCK_N"]), n_batch * n_kv_heads)  # noqa: E731
+    kv_grid = lambda meta: (triton.cdiv(l_kv, meta["BLOCK_N"]), n_batch * n_kv_heads)  # noqa: E731
     _launch("backward_kv", kv_grid, kv_args, q.dtype, **flags)
     q_args = (q, k, v, grad_out, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
               *_strides(dq), n_heads // n_kv_heads, *common)
-    q_grid = lambda meta: (triton.cdiv(seq_len_q, meta["BLOCK_M"]), n_batch * n_heads)  # noqa: E731
+    q_grid = lambda meta: (triton.cdiv(l_q, meta["BLOCK_M"]), n_batch * n_heads)  # noqa: E731
     _launch("backward_q", q_grid, q_args, q.dtype, **flags)
     return dq, dk, dv
 

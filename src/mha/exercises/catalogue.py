@@ -1,0 +1,399 @@
+"""The book's equations and the catalogue of known bugs: what a checker names when your result is wrong.
+
+``Equation`` is a label of the book (``{eq}`label``) and the chapter that derives it; ``KNOWN_BUGS`` maps each bug id
+(``ExerciseError.bug``) to what the buggy code computes, a hint, and the equation it breaks. ``ERROR_HINTS`` are
+hints for exceptions, keyed on a fragment of the exception's message. What each bug *computes* lives in
+``mha.exercises.simulators``; every bug id there is a key here.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+class Equation(NamedTuple):
+    label: str  # the equation's label in the book: {eq}`label`
+    chapter: str  # where it is derived
+
+
+SDPA_CH = "part I 'Scaled dot-product attention'"
+SCALING_CH = "part I 'Why divide by √d_k'"
+MHA_CH = "part I 'From one head to h heads'"
+BWD_CH = "part II 'The backward pass'"
+KV_CH = "part II 'Autoregressive decoding and the KV cache'"
+GQA_CH = "part II 'MQA and GQA'"
+ONLINE_CH = "part II 'Exact attention without the L × L matrix'"
+
+EQ_SOFTMAX = Equation("sdpa-softmax", SDPA_CH)
+EQ_SAFE_SOFTMAX = Equation("online-safe", ONLINE_CH)
+EQ_SDPA = Equation("sdpa-attention", SDPA_CH)
+EQ_SCALED = Equation("sdpa-scaled", SDPA_CH)
+EQ_SCALE_VARIANCE = Equation("scaling-var-scaled", SCALING_CH)
+EQ_MASKED_SOFTMAX = Equation("sdpa-masked-softmax", SDPA_CH)
+EQ_FUSED = Equation("multihead-fused", MHA_CH)
+EQ_BLOCKS = Equation("multihead-blocks", MHA_CH)
+EQ_MHA_HEAD = Equation("multihead-head", MHA_CH)
+EQ_MHA_OUTPUT = Equation("multihead-output", MHA_CH)
+EQ_MHA_PROJ = Equation("multihead-proj", MHA_CH)
+EQ_GQA_MAP = Equation("gqa-map", GQA_CH)
+EQ_GQA_HEAD = Equation("gqa-head", GQA_CH)
+EQ_CHUNK_MASK = Equation("kv-chunk-mask", KV_CH)
+EQ_KV_STEP = Equation("kv-step", KV_CH)
+EQ_ONLINE = Equation("online-matrix", ONLINE_CH)
+EQ_ONLINE_M = Equation("online-rec-m", ONLINE_CH)
+EQ_ONLINE_L = Equation("online-rec-l", ONLINE_CH)
+EQ_ONLINE_ACC = Equation("online-rec-acc", ONLINE_CH)
+EQ_ONLINE_FINAL = Equation("online-final", ONLINE_CH)
+EQ_SOFTMAX_VJP = Equation("bwd-softmax-vjp", BWD_CH)
+EQ_SOFTMAX_JAC = Equation("bwd-softmax-jac", BWD_CH)
+EQ_DV_DA = Equation("bwd-attn-dv-da", BWD_CH)
+EQ_DS = Equation("bwd-attn-ds", BWD_CH)
+EQ_DQ_DK = Equation("bwd-attn-dq-dk", BWD_CH)
+
+
+class KnownBug(NamedTuple):
+    description: str  # what the buggy code computes
+    hint: str  # where to look
+    equation: Equation | None  # the equation it breaks (None: not about an equation)
+
+
+KNOWN_BUGS: dict[str, KnownBug] = {
+    # --- softmax --------------------------------------------------------------------------------------------------
+    "no_max_subtraction": KnownBug(
+        "the softmax exponentiates the scores without subtracting the row maximum, so exp overflows to inf for "
+        "large logits (inf / inf = NaN)",
+        "subtract the row maximum before exp: e = exp(x - x.max(axis, keepdims=True)). By the shift lemma "
+        "(sdpa-lem-shift) this changes nothing mathematically, and every exponent becomes <= 0.",
+        EQ_SAFE_SOFTMAX),
+    "shift_not_row_max": KnownBug(
+        "the softmax subtracts a maximum that is not the row's own (the maximum of the whole array, or along another "
+        "axis), so a row far below that maximum underflows to 0 / 0 = NaN",
+        "take the maximum along the softmax axis, with keepdims: x.max(axis=axis, keepdims=True).",
+        EQ_SAFE_SOFTMAX),
+    "softmax_wrong_axis": KnownBug(
+        "the softmax normalises along the wrong axis (or over all entries at once): the entries along `axis` do not "
+        "sum to 1",
+        "use the `axis` argument for both the max and the sum: e.sum(axis=axis, keepdims=True).",
+        EQ_SOFTMAX),
+    "sum_without_keepdims": KnownBug(
+        "the sum is taken without keepdims=True, so broadcasting divides each entry by the sum of another row "
+        "(silently, when the array is square)",
+        "e / e.sum(axis=axis, keepdims=True): keepdims keeps the reduced axis in place for broadcasting.",
+        EQ_SOFTMAX),
+    "modifies_input": KnownBug(
+        "your function changed one of its inputs in place (for example x -= x.max(...), or masked_fill_)",
+        "work on new arrays: x = x - x.max(axis, keepdims=True) creates one; x -= ... overwrites the caller's data.",
+        None),
+    "outputs_swapped": KnownBug(
+        "your function returns the right arrays in the wrong order",
+        "return them in the order of the signature: out, weights (attention, multi-head attention); out, k_cache, "
+        "v_cache (a decode step); dq, dk, dv (the gradient).",
+        None),
+    # --- scaled dot-product attention -----------------------------------------------------------------------------
+    "no_scale": KnownBug(
+        "the scores are not scaled: softmax(QK^T) instead of softmax(QK^T / sqrt(d_k))",
+        "multiply the scores by `scale`, and when scale is None use 1 / sqrt(d_k) with d_k = q.shape[-1]. Why: the "
+        "variance of q . k grows like d_k (part I 'Why divide by √d_k').",
+        EQ_SCALED),
+    "scale_d_k_not_sqrt": KnownBug(
+        "the scores are divided by d_k instead of sqrt(d_k)",
+        "scale = 1 / math.sqrt(d_k) (or d_k ** -0.5): it brings the variance d_k of q . k back to 1 "
+        "(Eq. scaling-var-scaled).",
+        EQ_SCALED),
+    "scale_inverted": KnownBug(
+        "the scores are multiplied by sqrt(d_k) instead of divided by it",
+        "scores * d_k ** -0.5, or scores / d_k ** 0.5.",
+        EQ_SCALED),
+    "scale_d_v": KnownBug(
+        "the scale uses d_v, the width of the values, instead of d_k, the width of the queries and keys",
+        "d_k = q.shape[-1]; v.shape[-1] is d_v, which may differ (this case has d_v != d_k).",
+        EQ_SCALED),
+    "scale_seq_len": KnownBug(
+        "the scale uses the number of keys L_kv (k.shape[-2]) instead of the key width d_k (k.shape[-1])",
+        "d_k is the last axis: q.shape[-1]. Axis -2 is the sequence.",
+        EQ_SCALED),
+    "scale_ignored": KnownBug(
+        "the `scale` argument is ignored: the scores are always multiplied by 1 / sqrt(d_k)",
+        "scale = 1 / math.sqrt(d_k) if scale is None else scale.",
+        EQ_SCALED),
+    "scale_d_model": KnownBug(
+        "the scores are scaled by 1/sqrt(d_model) instead of 1/sqrt(d_k) (the head size): the scores shrink by a "
+        "further factor sqrt(n_heads) and the weights come out too flat",
+        "scale by 1 / sqrt(head_dim), head_dim = W_q.shape[1] // n_heads (= q.shape[-1] after the split into heads). "
+        "The dot product inside one head sums head_dim terms, so its variance is head_dim (Eq. scaling-var-scaled); "
+        "d_model = n_heads * head_dim is the width of the whole layer. (This bug shipped in a widely watched "
+        "lecture's code, C ** -0.5 with C the embedding width, and was fixed after a reader's pull request.)",
+        EQ_SCALE_VARIANCE),
+    "softmax_over_queries": KnownBug(
+        "the softmax runs over the queries (axis -2) instead of over the keys (axis -1): the columns of the weights "
+        "sum to 1 instead of the rows",
+        "softmax(scores, axis=-1): each query gets its own distribution over the keys.",
+        EQ_SOFTMAX),
+    "mask_inverted": KnownBug(
+        "the mask is used the wrong way round: True entries are blocked instead of allowed",
+        "the book's convention is True = may attend: np.where(mask, scores, -np.inf) (torch: "
+        "scores.masked_fill(~mask, float('-inf'))).",
+        EQ_MASKED_SOFTMAX),
+    "mask_fill_large_negative": KnownBug(
+        "masked scores are set to a large negative number (like -1e9) instead of -inf, so a query row with no allowed "
+        "key gets uniform weights over all its keys (and the average of all the values) instead of zero weights and "
+        "a zero output",
+        "after the softmax, zero the rows that have no allowed key: "
+        "weights = np.where(mask.any(axis=-1, keepdims=True), weights, 0). The book's convention for an empty row is "
+        "'attends to nothing': zero weights, zero output.",
+        EQ_MASKED_SOFTMAX),
+    "mask_nan_empty_rows": KnownBug(
+        "a query row with no allowed key comes out NaN: with every score -inf, the softmax computes "
+        "exp(-inf - (-inf)) or 0 / 0",
+        "guard the empty rows: shift by a finite number where the row maximum is -inf, and divide only where the "
+        "row sum is > 0 (np.divide(e, total, out=np.zeros_like(e), where=total > 0)), or zero those rows afterwards.",
+        EQ_MASKED_SOFTMAX),
+    "mask_fill_zero": KnownBug(
+        "masked scores are set to 0 (for example scores * mask) instead of -inf, so masked keys still get weight",
+        "a forbidden key must get weight exactly 0, i.e. score -inf: np.where(mask, scores, -np.inf).",
+        EQ_MASKED_SOFTMAX),
+    "mask_after_softmax": KnownBug(
+        "the mask multiplies the weights after the softmax, without renormalising: the allowed weights no longer sum "
+        "to 1",
+        "mask the scores before the softmax (-inf where not allowed), so the softmax normalises over the allowed "
+        "keys only.",
+        EQ_MASKED_SOFTMAX),
+    "mask_ignored": KnownBug(
+        "the `mask` argument is ignored: every query attends to every key, allowed or not",
+        "when mask is not None, set the scores of the forbidden keys to -inf before the softmax: "
+        "np.where(mask, scores, -np.inf) (torch: scores.masked_fill(~mask, float('-inf'))); in multi-head attention, "
+        "pass the mask on to the attention of every head.",
+        EQ_MASKED_SOFTMAX),
+    # --- heads: split, merge, the multi-head layer ----------------------------------------------------------------
+    "split_no_transpose": KnownBug(
+        "the heads are split with a reshape to (N, h, L, head_dim) and no transpose: 'head' i then holds a mixture "
+        "of positions and column blocks, not X W_i^Q",
+        "reshape to (N, L, h, head_dim) first (each position's row cut into h column blocks), then swap axes 1 and 2 "
+        "(Theorem multihead-thm-fused).",
+        EQ_FUSED),
+    "split_strided": KnownBug(
+        "the heads are split with head_dim as the outer axis (a reshape to (N, L, head_dim, h)): head i gets every "
+        "h-th column instead of the column block i",
+        "reshape to (N, L, h, head_dim): the heads are the contiguous column blocks of W^Q (Eq. multihead-blocks).",
+        EQ_BLOCKS),
+    "split_wrong_axes": KnownBug(
+        "the split transposes the wrong axes: the result is (N, h, head_dim, L) (or another order), not "
+        "(N, h, L, head_dim)",
+        "y.reshape(N, L, h, head_dim), then swap only axes 1 and 2 (np.swapaxes(r, 1, 2) / r.transpose(1, 2)).",
+        EQ_FUSED),
+    "merge_no_transpose": KnownBug(
+        "the heads are merged with a reshape and no transpose: reading (N, h, L, head_dim) as (N, L, h*head_dim) "
+        "mixes positions across heads",
+        "swap axes 1 and 2 back to (N, L, h, head_dim) first, then reshape to (N, L, h*head_dim).",
+        EQ_MHA_OUTPUT),
+    "merge_strided": KnownBug(
+        "the heads are merged with head_dim as the outer axis: the concatenation interleaves the heads' columns "
+        "instead of putting head i's output in column block i",
+        "transpose to (N, L, h, head_dim), then reshape: Concat(head_1, ..., head_h) puts head_1's columns first "
+        "(Eq. multihead-wo-blocks).",
+        EQ_MHA_OUTPUT),
+    "split_merge_no_transpose": KnownBug(
+        "both the split into heads and the merge reshape without transposing: each 'head' mixes positions and "
+        "column blocks",
+        "split: reshape to (N, L, h, head_dim), then swap axes 1 and 2; merge: swap them back, then reshape "
+        "(Theorem multihead-thm-fused).",
+        EQ_FUSED),
+    "view_non_contiguous": KnownBug(
+        "torch's .view() was called on a non-contiguous tensor (after a transpose, or on an input that is itself a "
+        "transposed view), and raised",
+        "use .reshape(...), or .contiguous().view(...): a transpose changes the strides, not the memory.",
+        EQ_FUSED),
+    "no_output_projection": KnownBug(
+        "the concatenated heads are returned without the output projection W^O (and b^O)",
+        "finish with concat @ W_o (+ b_o): the heads are mixed by W^O (Eq. multihead-output).",
+        EQ_MHA_OUTPUT),
+    "missing_bias_o": KnownBug(
+        "the output bias b_o is not added",
+        "out = concat @ W_o + b_o when params has 'b_o'.",
+        EQ_MHA_OUTPUT),
+    "missing_bias_q": KnownBug(
+        "the query bias b_q is not added",
+        "Q = x_q @ W_q + b_q when params has 'b_q'.",
+        EQ_MHA_PROJ),
+    "missing_bias_v": KnownBug(
+        "the value bias b_v is not added",
+        "V = x_kv @ W_v + b_v when params has 'b_v'.",
+        EQ_MHA_PROJ),
+    "missing_input_biases": KnownBug(
+        "the projection biases b_q, b_k, b_v are not added (b_o is)",
+        "add each bias to its projection. (Leaving out b_k alone would change nothing: a key bias adds a constant to "
+        "each query's row of scores, and the softmax ignores row constants.)",
+        EQ_MHA_PROJ),
+    "missing_biases": KnownBug(
+        "none of the biases b_q, b_k, b_v, b_o is added",
+        "params may hold biases: add b_q, b_k, b_v to the projections and b_o to the output when they are present.",
+        EQ_MHA_PROJ),
+    "values_from_W_k": KnownBug(
+        "the values are projected with W_k (and b_k) instead of W_v",
+        "V = x_kv @ W_v + b_v.",
+        EQ_MHA_PROJ),
+    "kv_from_x_q": KnownBug(
+        "the keys and values are computed from x_q instead of x_kv (self-attention code used for cross-attention)",
+        "K = x_kv @ W_k, V = x_kv @ W_v: queries come from x_q, keys and values from x_kv.",
+        EQ_MHA_PROJ),
+    "kv_map_tile": KnownBug(
+        "the key/value heads are repeated in the wrong order (tiled): query head j reads key/value head j % g "
+        "instead of j // (h/g)",
+        "repeat each key/value head h/g times in place: np.repeat(k, n_rep, axis=1) or "
+        "k.repeat_interleave(n_rep, dim=1), not np.tile or k.repeat(1, n_rep, 1, 1). Consecutive query heads form "
+        "a group (Eq. gqa-map).",
+        EQ_GQA_MAP),
+    "weights_averaged_over_heads": KnownBug(
+        "the weights are averaged over the heads, (N, L_q, L_kv), as torch.nn.MultiheadAttention does by default, "
+        "instead of returned per head, (N, h, L_q, L_kv)",
+        "return the weights of every head.",
+        EQ_MHA_HEAD),
+    # --- masks, repeat_kv, the KV cache -----------------------------------------------------------------------------
+    "causal_top_left": KnownBug(
+        "the causal mask is aligned top-left (query i sees keys 0..i) instead of bottom-right (query i sees keys "
+        "0..L_kv - L_q + i): with a KV cache the L_q queries are the last positions of the L_kv keys",
+        "np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q). Beware: torch's is_causal=True is top-left when "
+        "L_q != L_kv.",
+        EQ_CHUNK_MASK),
+    "causal_strict": KnownBug(
+        "the diagonal is masked too: a query cannot see its own position",
+        "j <= L_kv - L_q + i includes equality: np.tril(..., k=l_kv - l_q), not k=l_kv - l_q - 1.",
+        EQ_CHUNK_MASK),
+    "causal_one_future_key": KnownBug(
+        "the causal mask is off by one: each query also sees the key just after its own position "
+        "(np.tril(..., k=l_kv - l_q + 1), or j <= i + 1)",
+        "query i is position L_kv - L_q + i: it sees keys j <= L_kv - L_q + i, itself included and nothing after, "
+        "np.tril(np.ones((l_q, l_kv), dtype=bool), k=l_kv - l_q) (torch: .tril(diagonal=l_kv - l_q)).",
+        EQ_CHUNK_MASK),
+    "causal_inverted": KnownBug(
+        "the mask is inverted: True marks the forbidden (future) keys",
+        "True = may attend: the lower triangle (np.tril) is True; np.triu(..., k=1) is its complement.",
+        EQ_CHUNK_MASK),
+    "causal_transposed": KnownBug(
+        "the mask is transposed: keys on the rows, or the upper triangle allowed (queries see the future)",
+        "rows are queries, columns are keys: shape (l_q, l_kv), mask[i, j] = (j <= l_kv - l_q + i).",
+        EQ_CHUNK_MASK),
+    "mask_not_boolean": KnownBug(
+        "the mask has the right pattern but holds numbers (1/0), not booleans",
+        "dtype=bool: np.tril(np.ones((l_q, l_kv), dtype=bool), ...). A 0/1 number mask in np.where or as an index "
+        "does something else.",
+        EQ_CHUNK_MASK),
+    "additive_mask": KnownBug(
+        "the mask is additive (0 where allowed, -inf or a large negative number where not), not boolean",
+        "return booleans, True = may attend; the additive form is an implementation detail of the softmax.",
+        EQ_CHUNK_MASK),
+    "repeat_wrong_axis": KnownBug(
+        "the key/value heads are repeated along the wrong axis (the positions, or the batch)",
+        "repeat along axis 1, the head axis: np.repeat(y, n_rep, axis=1).",
+        EQ_GQA_MAP),
+    "repeat_not_merged": KnownBug(
+        "the result keeps a separate group axis, (N, g, n_rep, L, d), instead of (N, g*n_rep, L, d)",
+        "merge the two axes: .reshape(N, g * n_rep, L, d), group-major, so that query head j reads kv head "
+        "j // n_rep.",
+        EQ_GQA_MAP),
+    "no_causal_mask": KnownBug(
+        "the new queries see all the new keys: no causal mask inside a chunk of several new positions",
+        "when T > 1 positions arrive at once after c cached ones, query i may attend to key j iff j <= c + i "
+        "(Eq. kv-chunk-mask); a single new position (T = 1) needs no mask.",
+        EQ_CHUNK_MASK),
+    "cache_prepended": KnownBug(
+        "the new keys/values are put before the cached ones instead of after them",
+        "np.concatenate([k_cache, k_new], axis=2): the cache keeps positions in order, oldest first.",
+        EQ_KV_STEP),
+    "new_position_not_attended": KnownBug(
+        "the new queries attend to the cached keys only: the new positions' own keys and values are appended after "
+        "the attention instead of before",
+        "append first, then attend over [K_cache; k_new] (Eq. kv-step): a position attends to itself.",
+        EQ_KV_STEP),
+    "cache_not_updated": KnownBug(
+        "the returned caches are the old ones: the new keys and values are not appended",
+        "return k_all = concat([k_cache, k_new], axis=2) (and the same for v): the next step needs them.",
+        EQ_KV_STEP),
+    "cache_repeated_heads": KnownBug(
+        "the returned cache holds the repeated heads (n_heads per position) instead of the n_kv_heads key/value "
+        "heads, so it is n_heads / n_kv_heads times too large",
+        "cache the n_kv_heads heads and repeat only the copies you attend with: GQA's point is the smaller cache "
+        "(part II 'MQA and GQA').",
+        EQ_KV_STEP),
+    # --- online softmax -------------------------------------------------------------------------------------------
+    "drop_last_partial_block": KnownBug(
+        "the loop over key blocks skips the last block when L_kv is not a multiple of block_size",
+        "for start in range(0, L_kv, block_size): k[..., start:start + block_size, :]; the last block is shorter "
+        "(T = ceil(n / b) blocks).",
+        EQ_ONLINE),
+    "no_rescale_acc": KnownBug(
+        "the accumulator is not rescaled by alpha = exp(m_old - m_new) when the running maximum grows",
+        "acc = alpha * acc + P @ V_block: the old terms were computed relative to the old maximum.",
+        EQ_ONLINE_ACC),
+    "no_rescale_l": KnownBug(
+        "the running sum l is not rescaled by alpha = exp(m_old - m_new) when the running maximum grows",
+        "l = alpha * l + P.sum(axis=-1, keepdims=True).",
+        EQ_ONLINE_L),
+    "no_rescale": KnownBug(
+        "neither the running sum l nor the accumulator is rescaled when the running maximum grows",
+        "alpha = exp(m_old - m_new); l = alpha * l + rowsum(P); acc = alpha * acc + P @ V_block.",
+        EQ_ONLINE_L),
+    "alpha_inverted": KnownBug(
+        "the rescaling factor is exp(m_new - m_old) instead of exp(m_old - m_new)",
+        "alpha = exp(m_old - m_new) lies in [0, 1]: it shrinks the old terms when the maximum grows.",
+        EQ_ONLINE_L),
+    "no_final_division": KnownBug(
+        "the output is the accumulator itself: it is never divided by the running sum l",
+        "out = acc / l after the last block (Eq. online-final).",
+        EQ_ONLINE_FINAL),
+    "online_nan_empty_state": KnownBug(
+        "a query whose first key block is fully masked gets NaN: while the running maximum is -inf, "
+        "exp(s - m) = exp(-inf - (-inf)) = NaN",
+        "shift by a finite number while the running maximum is still -inf: "
+        "shift = np.where(np.isfinite(m_new), m_new, 0.0); every term is exp(-inf) = 0 anyway.",
+        EQ_ONLINE_FINAL),
+    # --- backward -------------------------------------------------------------------------------------------------
+    "vjp_missing_rowsum": KnownBug(
+        "the softmax backward is dS = A * dA: the term from -a a^T of the Jacobian, the row sum, is missing",
+        "dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True)).",
+        EQ_SOFTMAX_VJP),
+    "vjp_diagonal_only": KnownBug(
+        "the softmax backward uses only the diagonal of the Jacobian: dS = A (1 - A) dA (the sigmoid's derivative)",
+        "the off-diagonal entries -a_i a_j matter: J = diag(a) - a a^T, so dS = A * (dA - rowsum(dA * A)).",
+        EQ_SOFTMAX_JAC),
+    "vjp_rowsum_of_grad": KnownBug(
+        "the row sum in the softmax backward is of dA alone, sum_j dA_j, instead of sum_j dA_j A_j",
+        "dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True)).",
+        EQ_SOFTMAX_VJP),
+    "vjp_sign": KnownBug(
+        "the row-sum term of the softmax backward has the wrong sign: A * (dA + rowsum(dA * A))",
+        "dS = A * (dA - rowsum(dA * A)), from J = diag(a) - a a^T.",
+        EQ_SOFTMAX_VJP),
+    "vjp_sum_without_keepdims": KnownBug(
+        "the row sum is taken without keepdims, so broadcasting subtracts the sum of another row (silently, when "
+        "the last two axes have the same length)",
+        "(dA * A).sum(axis=-1, keepdims=True).",
+        EQ_SOFTMAX_VJP),
+    "vjp_sum_wrong_axis": KnownBug(
+        "the sum of the softmax backward runs over axis -2 (a column) instead of the last axis (the row)",
+        "the softmax normalised each row over the last axis, so its backward sums over the last axis too.",
+        EQ_SOFTMAX_VJP),
+    "grad_missing_scale": KnownBug(
+        "dQ and dK miss the factor `scale`: dQ = dS K instead of scale * dS K (and the same for dK)",
+        "S = scale * Q K^T, so the chain rule multiplies by scale once more: dQ = scale dS K, dK = scale dS^T Q.",
+        EQ_DQ_DK),
+    "grad_dv_no_transpose": KnownBug(
+        "dV = A dO instead of A^T dO",
+        "O = A V, so dV = A^T dO (Lemma bwd-lemma-matmul): it has V's shape (L_kv, d_v).",
+        EQ_DV_DA),
+}
+
+# Hints for exceptions, keyed on a fragment of the exception's message (behaviour, not source code): a hint's
+# text, or the id of a known bug.
+ERROR_HINTS = (
+    ("view size is not compatible", "view_non_contiguous"),
+    ("could not be broadcast", "A broadcasting error: usually a reduction (sum, max) without keepdims=True, or "
+                               "arrays whose axes are in a different order than you think."),
+    ("must match the size of tensor", "A broadcasting error: usually a reduction (sum, max) without keepdim=True, "
+                                      "or tensors whose axes are in a different order than you think."),
+    ("matmul", "A matrix-product shape error: transpose only the last two axes of k (np.swapaxes(k, -1, -2), "
+               "k.transpose(-2, -1)); k.T reverses every axis of a batched array."),
+    ("cannot be multiplied", "A matrix-product shape error: check which axes you transpose (k.T reverses every "
+                             "axis of a batched array; use k.transpose(-2, -1))."),
+    ("cannot reshape", "A reshape error: check the sizes you reshape to against the shapes in the case name."),
+    ("shape '[", "A reshape/view error: check the sizes you reshape to against the shapes in the case name."),
+)
