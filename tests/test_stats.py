@@ -1,7 +1,8 @@
 """mha.experiments.stats against independent computations: the Wilson interval's defining equation solved by
 bisection, the bootstrap's coverage by simulation, the permutation p-value by counting sign patterns by hand, the
 unpaired bootstrap interval against Welch's normal interval, and the unpaired permutation p-value by listing the
-splits in plain Python."""
+splits in plain Python; the rules the part III chapters read results by (a verdict and how far it is from flipping,
+which pairs separate, the ordering of head counts, Spearman's correlation) against values worked out by hand."""
 
 import itertools
 import math
@@ -11,8 +12,10 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from mha.experiments.stats import (bootstrap_mean_interval, outcome_of, outcome_table, outcomes, paired_difference,
-                                   paired_table, separated, unpaired_difference, wilson_interval)
+from mha.experiments.stats import (against_range, bootstrap_mean_interval, flip_distance, left_chance, mean_interval,
+                                   outcome_of, outcome_orderings, outcome_table, outcomes, paired_difference,
+                                   paired_interval, paired_table, rank_correlation, separated, separated_pairs,
+                                   unpaired_difference, verdict, wilson_interval)
 
 Z95 = 1.959963984540054
 
@@ -152,3 +155,195 @@ def test_unpaired_interval_covers_the_true_difference_about_95_percent_of_the_ti
         assert result["low"] <= result["mean"] <= result["high"]
         hits += result["low"] <= 0.5 <= result["high"]
     assert 0.85 <= hits / 300 <= 0.99  # the percentile bootstrap undercovers a little at these sizes
+
+
+# ------------------------------------------------------------------- the rules the part III chapters read results by
+
+
+def test_mean_interval_is_the_bootstrap_by_hand_and_a_single_run_has_no_interval():
+    values = [0.3, 0.1, 0.4, 0.1, 0.5, 0.9]
+    result = mean_interval(values, n_boot=4000, seed=7)
+    # The percentile bootstrap written out: resample the values with replacement, take the 2.5% and 97.5% quantiles.
+    rng = np.random.default_rng(7)
+    x = np.array(values)
+    means = np.array([x[rng.integers(0, x.size, size=x.size)].mean() for _ in range(4000)])
+    assert result["mean"] == pytest.approx(sum(values) / 6) and result["n"] == 6
+    assert (result["low"], result["high"]) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    one = mean_interval([1.25])
+    assert one["mean"] == 1.25 and math.isnan(one["low"]) and math.isnan(one["high"]) and one["n"] == 1
+    none = mean_interval([])
+    assert math.isnan(none["mean"]) and none["n"] == 0
+    constant = mean_interval([2.0, 2.0, 2.0])  # every resample has mean 2
+    assert (constant["low"], constant["mean"], constant["high"]) == (2.0, 2.0, 2.0)
+
+
+def test_mean_interval_refuses_what_is_not_a_sequence_of_numbers():
+    with pytest.raises(TypeError, match="values must be a sequence of real numbers"):
+        mean_interval("0.5")
+    with pytest.raises(TypeError, match="values must be a sequence of real numbers"):
+        mean_interval(0.5)
+    with pytest.raises(TypeError, match="values must be a sequence of real numbers"):
+        mean_interval(["a", "b"])
+    with pytest.raises(ValueError, match="values must be finite"):
+        mean_interval([math.nan])
+    with pytest.raises(ValueError, match="values must hold at least two finite numbers"):
+        mean_interval([1.0, math.inf])
+    with pytest.raises(ValueError, match="confidence must be"):
+        mean_interval([1.0], confidence=1.0)
+    with pytest.raises(TypeError, match="n_boot must be an integer"):
+        mean_interval([1.0, 2.0], n_boot=10.5)
+
+
+def test_paired_interval_counts_sign_patterns_and_a_single_pair_is_not_real():
+    result = paired_interval([1.3, 1.1, 1.2], [1.0, 1.0, 1.0])
+    assert result["mean"] == pytest.approx(0.2) and result["n"] == 3
+    assert result["p_value"] == pytest.approx(2 / 8)  # all-plus and all-minus, of the 2^3 sign patterns
+    assert result["real"] and result["low"] > 0
+    one = paired_interval([2.0], [0.5])
+    assert one["mean"] == 1.5 and one["n"] == 1 and not one["real"]
+    assert math.isnan(one["low"]) and math.isnan(one["high"]) and math.isnan(one["p_value"])
+    with pytest.raises(ValueError, match="a and b must pair one to one"):
+        paired_interval([1.0, 2.0], [1.0])
+    with pytest.raises(TypeError, match="b must be a sequence of real numbers"):
+        paired_interval([1.0], {"x": 1.0})
+
+
+def test_verdict_reads_the_interval_ends():
+    assert verdict({"low": 0.01, "high": 0.3}, "higher", "lower") == "higher"
+    assert verdict({"low": -0.3, "high": -0.01}, "higher", "lower") == "lower"
+    assert verdict({"low": -0.1, "high": 0.2}, "higher", "lower") == "not distinguishable from"
+    assert verdict({"low": 0.0, "high": 0.2}, "higher", "lower", "unresolved") == "unresolved"  # touching 0
+    assert verdict({"low": math.nan, "high": math.nan}, "higher", "lower", "no interval") == "no interval"
+    with pytest.raises(TypeError, match="result must hold an interval under 'low' and 'high'"):
+        verdict({"mean": 0.2}, "higher", "lower")
+    with pytest.raises(TypeError, match="above must be a string"):
+        verdict({"low": 0.1, "high": 0.2}, 1, "lower")
+    with pytest.raises(TypeError, match=r"result\['low'\] must be a real number"):
+        verdict({"low": "0.1", "high": 0.2}, "higher", "lower")
+
+
+def test_verdict_agrees_with_the_real_flag_of_paired_table():
+    import pandas as pd
+
+    table = pd.DataFrame({"g": [1] * 4 + [2] * 4 + [3] * 4, "seed": [0, 1, 2, 3] * 3,
+                          "val_loss": [1.0, 1.1, 0.9, 1.0, 1.2, 1.3, 1.1, 1.25, 1.0, 1.2, 0.8, 1.05]})
+    paired = paired_table(table, "g", reference=1)
+    for _, row in paired.iterrows():
+        word = verdict(row, "worse", "better", "same")
+        assert (word != "same") == row["real"]
+        assert word == ("same" if not row["real"] else "worse" if row["diff"] > 0 else "better")
+
+
+def test_flip_distance_is_the_end_nearest_zero():
+    import pandas as pd
+
+    assert flip_distance({"low": -0.3, "high": -0.1}) == pytest.approx(0.1)
+    assert flip_distance({"low": 0.2, "high": 0.5}) == pytest.approx(0.2)
+    assert flip_distance({"low": -0.1, "high": 0.4}) == pytest.approx(0.1)
+    frame = pd.DataFrame({"low": [0.2, -0.5, -0.05], "high": [0.6, -0.25, 0.3]})
+    np.testing.assert_allclose(flip_distance(frame), [0.2, 0.25, 0.05])
+    with pytest.raises(TypeError, match="result must hold an interval"):
+        flip_distance((0.1, 0.2))
+
+
+def test_separated_pairs_sorts_pairs_into_disjoint_and_overlapping():
+    intervals = {4: (0.5, 2.5), 1: (0.0, 1.0), 2: (2.0, 3.0), 8: (math.nan, math.nan)}  # 8: a single run, no interval
+    assert separated_pairs(intervals) == ([(1, 2)], [(1, 4), (2, 4)])
+    assert separated_pairs({}) == ([], [])
+    with pytest.raises(TypeError, match="intervals must be a mapping"):
+        separated_pairs([(0.0, 1.0)])
+    with pytest.raises(ValueError, match=r"intervals\[1\] must be a pair"):
+        separated_pairs({1: (0.0, 1.0, 2.0)})
+
+
+def _orderings_table():
+    import pandas as pd
+
+    ln4 = math.log(4)
+    # Six runs per head count: 4 heads all at chance, 8 heads all solved, 16 heads three solved and three at chance.
+    losses = {4: [ln4] * 6, 8: [0.0] * 6, 16: [0.0, 0.0, 0.0, ln4, ln4, ln4]}
+    table = pd.DataFrame([{"n_heads": h, "seed": s, "val_loss": loss} for h, values in losses.items()
+                          for s, loss in enumerate(values)])
+    return outcome_table(table)
+
+
+def test_outcome_orderings_names_the_better_head_count_where_intervals_are_disjoint():
+    table = _orderings_table()
+    orderings = outcome_orderings(table, (4, 8, 16))
+    assert list(orderings) == [(4, 8), (4, 16), (8, 16)]
+    # 0/6 against 6/6: the Wilson intervals [0, 0.39] and [0.61, 1] are disjoint for solved and for chance; the mean
+    # losses are ln 4 and 0 exactly (zero-width bootstrap intervals).
+    assert wilson_interval(0, 6)[1] < wilson_interval(6, 6)[0]
+    assert orderings[(4, 8)] == [("solved", 8, 4), ("chance", 8, 4), ("loss", 8, 4)]
+    # 3/6 overlaps both 0/6 and 6/6 in the Wilson sense, so only the mean loss can order 16 against 4 or 8. Resampling
+    # three 0s and three ln 4, a mean of ln 4 (all six draws ln 4) has probability 1/64 < 2.5%, and so has a mean of
+    # 0: the bootstrap interval of 16 heads lies strictly between 0 and ln 4, the zero-width intervals of 8 and 4.
+    assert not separated(wilson_interval(3, 6), wilson_interval(0, 6))
+    assert not separated(wilson_interval(3, 6), wilson_interval(6, 6))
+    assert 1 / 64 < 0.025
+    assert orderings[(4, 16)] == [("loss", 16, 4)]
+    assert orderings[(8, 16)] == [("loss", 8, 16)]
+    assert outcome_orderings(table)[(4, 8)] == orderings[(4, 8)]  # default: every level of the table
+
+
+def test_outcome_orderings_refuses_other_tables_and_levels():
+    import pandas as pd
+
+    table = _orderings_table()
+    with pytest.raises(TypeError, match="table must be a pandas DataFrame"):
+        outcome_orderings({"solved": 1}, (4, 8))
+    with pytest.raises(ValueError, match="missing"):
+        outcome_orderings(pd.DataFrame({"solved": [0.5]}), (0,))
+    with pytest.raises(ValueError, match=r"levels must name at least two rows of table.*not in the table: \[2\]"):
+        outcome_orderings(table, (2, 4))
+    with pytest.raises(ValueError, match="levels must name at least two rows"):
+        outcome_orderings(table, (4,))
+
+
+def test_left_chance_counts_runs_off_the_chance_plateau():
+    ln2, ln4 = math.log(2), math.log(4)
+    result = left_chance([0.0, ln2, ln4, ln4, 0.01], vocab_size=4)
+    assert (result["n"], result["left"], result["solved"]) == (5, 3, 2)
+    np.testing.assert_allclose(result["left_iv"], wilson_by_bisection(3, 5), atol=1e-9)
+    np.testing.assert_allclose(result["solved_iv"], wilson_by_bisection(2, 5), atol=1e-9)
+    with pytest.raises(TypeError, match="losses must be a sequence of real numbers"):
+        left_chance("0.1", vocab_size=4)
+    with pytest.raises(ValueError, match="vocab_size must be an integer >= 3"):
+        left_chance([0.1, 0.2], vocab_size=2)
+
+
+def _pearson(x, y):
+    x, y = [Fraction(v) for v in x], [Fraction(v) for v in y]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    return float(sxy) / math.sqrt(float(sxx * syy))
+
+
+def test_rank_correlation_is_spearman():
+    a, b = [0.3, 1.2, -0.5, 2.0, 0.9], [10.0, 30.0, 20.0, 50.0, 40.0]
+    # No ties: 1 - 6 sum d^2 / (n (n^2 - 1)); ranks of a: 2, 4, 1, 5, 3; of b: 1, 3, 2, 5, 4.
+    d2 = sum((ra - rb) ** 2 for ra, rb in zip([2, 4, 1, 5, 3], [1, 3, 2, 5, 4]))
+    assert rank_correlation(a, b) == pytest.approx(1 - 6 * d2 / (5 * (25 - 1)))
+    # Ties take their mean rank: a = 1, 2, 2, 3 has ranks 1, 2.5, 2.5, 4.
+    assert rank_correlation([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(_pearson([1, 2.5, 2.5, 4], [1, 3, 2, 4]))
+    assert rank_correlation([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="pair one to one"):
+        rank_correlation([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="a NaN has no rank"):
+        rank_correlation([1, math.nan, 3], [1, 2, 3])
+    with pytest.raises(TypeError, match="a must be a sequence of real numbers"):
+        rank_correlation("abc", [1, 2, 3])
+
+
+def test_against_range_places_an_interval():
+    assert against_range({"low": 0.45, "high": 0.6}, 0.2, 0.4) == "above"
+    assert against_range({"low": 0.05, "high": 0.15}, 0.2, 0.4) == "below"
+    assert against_range({"low": 0.25, "high": 0.35}, 0.2, 0.4) == "inside"
+    assert against_range({"low": 0.2, "high": 0.4}, 0.2, 0.4) == "inside"  # ends included
+    assert against_range({"low": 0.1, "high": 0.3}, 0.2, 0.4) == "overlapping"
+    assert against_range({"low": 0.1, "high": 0.5}, 0.2, 0.4) == "overlapping"
+    with pytest.raises(ValueError, match="lower must not exceed upper"):
+        against_range({"low": 0.1, "high": 0.5}, 0.4, 0.2)
+    with pytest.raises(TypeError, match="lower must be a finite real number"):
+        against_range({"low": 0.1, "high": 0.5}, "0.2", 0.4)

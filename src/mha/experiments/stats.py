@@ -14,21 +14,40 @@ Book: part III, every chapter (an ordering or a difference is stated only where 
 * :func:`outcomes` — the three plateaus of the two-offset task (solved, half solved, chance) and their frequencies.
 * :func:`separated` — whether two intervals are disjoint (the only case where the book states an ordering).
 * :func:`outcome_table` and :func:`paired_table` — the same, for a results table grouped by one setting.
+
+What the chapters read off those results, each rule stated once:
+
+* :func:`mean_interval` and :func:`paired_interval` — :func:`bootstrap_mean_interval` and :func:`paired_difference`
+  that also accept a single run (the mean, with no interval: NaN bounds), as a partial sweep may leave.
+* :func:`verdict` — the word a difference earns: one word when its interval lies above 0, another below 0, a third
+  when it contains 0. :func:`flip_distance` — how far a rerun would have to move the difference to change that word.
+* :func:`separated_pairs` — which pairs of levels have disjoint intervals (an ordering is stated) and which overlap.
+* :func:`outcome_orderings` — for pairs of head counts in an :func:`outcome_table`, which of the fraction solved, the
+  fraction at chance and the mean loss separate, and which head count each favours.
+* :func:`left_chance` — how many two-offset runs left the chance plateau and how many solved the task, with Wilson
+  intervals.
+* :func:`rank_correlation` — Spearman's rank correlation (the correlation of the ranks, ties given their mean rank).
+* :func:`against_range` — where an interval lies against a range quoted from a paper: above, below, inside or
+  overlapping it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import numbers
+from collections.abc import Mapping
 from statistics import NormalDist
 
 import numpy as np
 
-from mha._checks import check_float, check_int
+from mha._checks import check_float, check_int, check_type
 
 __all__ = ["wilson_interval", "bootstrap_mean_interval", "paired_difference", "unpaired_difference", "separated",
            "outcomes",
-           "OUTCOMES", "outcome_of", "outcome_table", "paired_table"]
+           "OUTCOMES", "outcome_of", "outcome_table", "paired_table",
+           "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
+           "outcome_orderings", "left_chance", "rank_correlation", "against_range"]
 
 OUTCOMES = ("solved", "partial", "chance")
 """The two-offset task's plateaus: loss 0 (both offsets read), ln 2 (one of the two), ln V (neither), V = vocabulary."""
@@ -202,3 +221,182 @@ def paired_table(table, by: str, reference, metric: str = "val_loss", pair_on: s
         rows[level] = dict(pairs=result["n"], diff=result["mean"], low=result["low"], high=result["high"],
                            p_value=result["p_value"], real=result["real"])
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(by)
+
+
+# ------------------------------------------------------------------------------------- what the chapters read off
+def _numbers(values, name: str) -> np.ndarray:
+    """``values`` (a list, an array, a pandas Series) as a flat float array; TypeError for anything else."""
+    if isinstance(values, (str, bytes, Mapping)) or np.ndim(values) == 0:
+        raise TypeError(f"{name} must be a sequence of real numbers, got {type(values).__name__}")
+    try:
+        return np.asarray(values, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of real numbers, got {type(values).__name__} that does not "
+                        f"convert to floats") from None
+
+
+def _check_resampling(confidence, n_boot) -> None:
+    check_float("confidence", confidence, minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+    check_int("n_boot", n_boot)
+
+
+def mean_interval(values, confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """The mean of ``values`` (one per run or seed) with its percentile bootstrap interval, as
+    :func:`bootstrap_mean_interval` gives it, where there are two values or more. One value has no interval: its
+    mean and NaN bounds (no values: NaN throughout). ``dict(mean, low, high, n)`` either way, so that a chapter
+    prints what a partial sweep has so far."""
+    x = _numbers(values, "values")
+    _check_resampling(confidence, n_boot)
+    if x.size < 2:
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"values must be finite numbers, got {x}")
+        return dict(mean=float(x[0]) if x.size else math.nan, low=math.nan, high=math.nan, n=int(x.size))
+    return bootstrap_mean_interval(x, confidence, n_boot, seed)
+
+
+def paired_interval(a, b, confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """``a - b`` paired one to one (the same run, or the same seed), as :func:`paired_difference` gives it, where
+    there are two pairs or more. One pair has no interval: its difference, NaN bounds and p-value, and
+    ``real=False`` (no pairs: NaN throughout). ``dict(mean, low, high, n, p_value, real)`` either way."""
+    x, y = _numbers(a, "a"), _numbers(b, "b")
+    if x.shape != y.shape:
+        raise ValueError(f"a and b must pair one to one (the same runs or seeds), got {x.size} and {y.size} values")
+    _check_resampling(confidence, n_boot)
+    if x.size < 2:
+        d = x - y
+        if not np.all(np.isfinite(d)):
+            raise ValueError(f"a and b must be finite numbers, got {x} and {y}")
+        return dict(mean=float(d[0]) if d.size else math.nan, low=math.nan, high=math.nan, n=int(d.size),
+                    p_value=math.nan, real=False)
+    return paired_difference(x, y, confidence, n_boot, seed)
+
+
+def _ends(result, name: str = "result"):
+    """``(result["low"], result["high"])``: the ends of an interval from this module (a dict, or a row of
+    :func:`paired_table` or :func:`outcome_table`)."""
+    try:
+        low, high = result["low"], result["high"]
+    except (KeyError, TypeError, IndexError):
+        raise TypeError(f"{name} must hold an interval under 'low' and 'high' (a dict from this module or a row of "
+                        f"one of its tables), got {type(result).__name__}") from None
+    return low, high
+
+
+def _check_real(name: str, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def verdict(result, above: str, below: str, neither: str = "not distinguishable from") -> str:
+    """The word a difference earns from its interval: ``above`` when the whole interval is above 0, ``below`` when
+    it is below 0, and ``neither`` when it contains 0 (or is NaN: no interval). A difference is called real only when
+    its interval excludes 0, so ``above`` and ``below`` are the words of a real difference; ``result`` is a dict from
+    :func:`paired_difference` / :func:`paired_interval` or a row of :func:`paired_table`."""
+    low, high = _ends(result)
+    _check_real("result['low']", low)
+    _check_real("result['high']", high)
+    for name, word in (("above", above), ("below", below), ("neither", neither)):
+        check_type(name, word, str, "a string (the word to print)")
+    return above if low > 0 else below if high < 0 else neither
+
+
+def flip_distance(result):
+    """How far a difference would have to move for its :func:`verdict` to change: the distance from 0 of the
+    interval's end nearest to it, ``min(|low|, |high|)``. For a table with ``low`` and ``high`` columns (from
+    :func:`paired_table`), one distance per row, as a pandas Series."""
+    low, high = _ends(result)
+    if np.ndim(low) == 0 and np.ndim(high) == 0:
+        return float(min(abs(_check_real("result['low']", low)), abs(_check_real("result['high']", high))))
+    return np.minimum(np.abs(low), np.abs(high))
+
+
+def separated_pairs(intervals) -> tuple[list, list]:
+    """The pairs ``(a, b)``, ``a < b``, of the levels of ``{level: (low, high)}`` (levels with a NaN or infinite
+    end left out): first those whose intervals are disjoint (:func:`separated`; the book states an ordering only
+    for them), then the others. Both lists in the order of the sorted levels."""
+    check_type("intervals", intervals, Mapping, "a mapping {level: (low, high)}")
+    for level, interval in intervals.items():
+        if np.shape(interval) != (2,):
+            raise ValueError(f"intervals[{level!r}] must be a pair (low, high), got {interval!r}")
+    levels = sorted(level for level, interval in intervals.items() if np.all(np.isfinite(interval)))
+    pairs = [(a, b) for i, a in enumerate(levels) for b in levels[i + 1:]]
+    apart = [pair for pair in pairs if separated(intervals[pair[0]], intervals[pair[1]])]
+    return apart, [pair for pair in pairs if pair not in apart]
+
+
+ORDER_MEASURES = {"solved": ("solved", True), "chance": ("chance", False), "loss": ("loss_mean", False)}
+"""The measures of an :func:`outcome_table` that can order two head counts: measure -> (the column holding its
+value, True when higher is better). The interval of each is ``<measure>_low`` to ``<measure>_high``."""
+
+
+def outcome_orderings(table, levels=None) -> dict:
+    """What the intervals of an :func:`outcome_table` say about each pair ``(a, b)``, ``a < b``, of ``levels``
+    (default: every level of the table): ``{(a, b): [(measure, better, worse), ...]}``, one entry per measure of
+    :data:`ORDER_MEASURES` (in that order) whose intervals for ``a`` and ``b`` are disjoint, naming the level the
+    measure favours (more solved, fewer at chance, a lower mean loss). An empty list: no measure separates the pair,
+    and its order is unresolved."""
+    if not (hasattr(table, "loc") and hasattr(table, "columns") and hasattr(table, "index")):
+        raise TypeError(f"table must be a pandas DataFrame from outcome_table, got {type(table).__name__}")
+    needed = [column for measure, (value, _) in ORDER_MEASURES.items()
+              for column in (value, f"{measure}_low", f"{measure}_high")]
+    missing = [column for column in needed if column not in table.columns]
+    if missing:
+        raise ValueError(f"table must have the columns of outcome_table; missing {missing}")
+    levels = sorted(table.index) if levels is None else list(levels)
+    absent = [level for level in levels if level not in table.index]
+    if absent or len(levels) < 2:
+        raise ValueError(f"levels must name at least two rows of table, got {levels} (not in the table: {absent}); "
+                         f"its rows are {list(table.index)}")
+    orderings = {}
+    for a, b in itertools.combinations(levels, 2):
+        said = []
+        for measure, (value, higher_is_better) in ORDER_MEASURES.items():
+            low, high = f"{measure}_low", f"{measure}_high"
+            if separated((table.loc[a, low], table.loc[a, high]), (table.loc[b, low], table.loc[b, high])):
+                a_better = (table.loc[a, value] > table.loc[b, value]) == higher_is_better
+                said.append((measure, a, b) if a_better else (measure, b, a))
+        orderings[(a, b)] = said
+    return orderings
+
+
+def left_chance(losses, vocab_size: int, confidence: float = 0.95) -> dict:
+    """Of some two-offset runs (their final losses): how many left the chance plateau (ended solved or half solved,
+    :func:`outcome_of`) and how many solved the task, with the Wilson interval of each fraction.
+    ``dict(n, left, solved, left_iv, solved_iv)``, the intervals as ``(low, high)``."""
+    x = _numbers(losses, "losses")
+    result = outcomes(x, vocab_size, confidence)
+    n = sum(value["count"] for value in result.values())
+    left, solved = n - result["chance"]["count"], result["solved"]["count"]
+    return dict(n=n, left=left, solved=solved, left_iv=wilson_interval(left, n, confidence),
+                solved_iv=wilson_interval(solved, n, confidence))
+
+
+def rank_correlation(a, b) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (paired one to one): the Pearson correlation of their ranks,
+    tied values sharing their mean rank. NaN (with NumPy's warning) when one side is constant."""
+    import pandas as pd
+
+    x, y = _numbers(a, "a"), _numbers(b, "b")
+    if x.shape != y.shape or x.size < 2:
+        raise ValueError(f"a and b must pair one to one and hold at least two values each, got {x.size} and {y.size}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("a and b must be finite numbers (a NaN has no rank)")
+    return float(np.corrcoef(pd.Series(x).rank(), pd.Series(y).rank())[0, 1])
+
+
+def against_range(result, lower: float, upper: float) -> str:
+    """Where an interval (``result["low"]`` to ``result["high"]``) lies against the range ``[lower, upper]``, e.g.
+    a range quoted from a paper: 'above' or 'below' it (disjoint), 'inside' it, or 'overlapping' it."""
+    low, high = _ends(result)
+    low, high = _check_real("result['low']", low), _check_real("result['high']", high)
+    lower, upper = check_float("lower", lower), check_float("upper", upper)
+    if lower > upper:
+        raise ValueError(f"lower must not exceed upper, got lower={lower} and upper={upper}")
+    if low > upper:
+        return "above"
+    if high < lower:
+        return "below"
+    if low >= lower and high <= upper:
+        return "inside"
+    return "overlapping"
