@@ -1,4 +1,4 @@
-"""Tests for mha.model.TinyTransformer: every check compares with an independent computation."""
+"""Tests for mha.experiments.model.TinyTransformer: every check compares with an independent computation."""
 
 import math
 
@@ -174,6 +174,19 @@ def test_init_and_weight_tying():
         assert block.attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
         assert torch.all(block.attn.q_proj.bias == 0)
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_forward_never_reads_values_off_the_cpu():
+    """The ids' value checks read the tensors, so they run on the CPU only: on an accelerator a forward pass (every
+    training and decoding step) would otherwise copy ids back and wait for the device. The meta device has no data:
+    a forward pass there, a decoding step through the caches included, proves that nothing is read."""
+    model = make_model().to("meta")
+    idx = torch.zeros(2, 6, dtype=torch.long, device="meta")
+    logits, loss, _ = model(idx, idx)
+    assert logits.shape == (2, 6, 17) and loss.device.type == "meta"
+    caches = model.make_kv_caches(2)
+    model(idx, kv_caches=caches)
+    assert model(idx[:, :1], kv_caches=caches)[0].shape == (2, 1, 17) and caches[0].length == 7
 
 
 def test_bad_inputs():

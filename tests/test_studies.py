@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_run_train_writes_its_metrics_and_records_the_machine(tmp_path):
-    config = TrainRun(steps=6, eval_interval=3, warmup_steps=1, measure_decode=True, decode_len=16)
+    config = TrainRun.from_dict(dict(steps=6, eval_interval=3, warmup_steps=1, measure_decode=True, decode_len=16))
     run = run_train(config, out_dir=tmp_path / "runs" / "abc")
     metrics = run["metrics"]
     written = json.loads((tmp_path / "runs" / "abc" / "metrics.json").read_text())
@@ -33,7 +33,7 @@ def test_run_train_writes_its_metrics_and_records_the_machine(tmp_path):
     assert metrics["device_name"] == cpu_model() and metrics["num_threads"] == 1 and metrics["threads"] == 1
     assert metrics["decode_s_per_token"] > 0 and metrics["decode_kv_cache_bytes"] == 2 * 16 * 1 * 4 * 8 * 4
     # the same training as the trainer alone
-    plain = train(config.model_config(run["task"]), config.make_task(), config.train_config(), progress=False)
+    plain = train(config.model_config(run["task"]), config.make_task(), config.train, progress=False)
     assert plain["val_loss"] == metrics["val_loss"] and plain["history"] == metrics["history"]
     assert run_study("train", {"steps": 6, "eval_interval": 3, "warmup_steps": 1})["val_loss"] == metrics["val_loss"]
 
@@ -41,9 +41,10 @@ def test_run_train_writes_its_metrics_and_records_the_machine(tmp_path):
 @pytest.fixture(scope="module")
 def dynamics(tmp_path_factory):
     out = tmp_path_factory.mktemp("dyn") / "runs" / "r1"
-    config = DynamicsRun(task="induction_varying", task_kwargs={"vocab_size": 16, "seq_len": 6, "min_period": 4},
-                         n_layers=2, d_model=16, n_heads=2, steps=12, eval_interval=4, warmup_steps=2,
-                         batch_size=8, spike_window=3, save_attention=True)
+    config = DynamicsRun.from_dict(dict(
+        task="induction_varying", task_kwargs={"vocab_size": 16, "seq_len": 6, "min_period": 4}, n_layers=2,
+        d_model=16, n_heads=2, steps=12, eval_interval=4, warmup_steps=2, batch_size=8, spike_window=3,
+        save_attention=True))
     return config, out, run_dynamics(config, out_dir=out)
 
 
@@ -52,7 +53,7 @@ def test_dynamics_probes_do_not_change_training(dynamics):
     the step losses the probe saw."""
     config, _, run = dynamics
     task = config.make_task()
-    plain = train(config.model_config(task), task, config.train_config(), progress=False)
+    plain = train(config.model_config(task), task, config.train, progress=False)
     assert run["metrics"]["val_loss"] == plain["val_loss"]
     history = run["history"]
     assert [h["step"] for h in history] == [0, 4, 8, 12] and history[0]["train_loss"] is None
@@ -107,8 +108,8 @@ def test_count_spikes():
 
 
 def test_run_heads_details(tmp_path):
-    config = HeadsRun(task_kwargs={"vocab_size": 8, "seq_len": 5}, d_model=16, n_heads=2, steps=6, eval_interval=3,
-                      warmup_steps=1, analysis_batch_size=4, random_orders=1)
+    config = HeadsRun.from_dict(dict(task_kwargs={"vocab_size": 8, "seq_len": 5}, d_model=16, n_heads=2, steps=6,
+                                     eval_interval=3, warmup_steps=1, analysis_batch_size=4, random_orders=1))
     run = run_heads(config, out_dir=tmp_path / "runs" / "h")
     details, metrics = run["details"], run["metrics"]
     assert np.array(details["js"]).shape == (2, 2, 2) and len(details["classes"]) == 2
@@ -120,8 +121,9 @@ def test_run_heads_details(tmp_path):
 
 def test_run_shakespeare(tmp_path):
     try:
-        run = run_shakespeare(ShakespeareRun(steps=4, eval_interval=2, warmup_steps=1, final_eval_batches=2,
-                                             sample_chars=10), out_dir=tmp_path / "runs" / "s")
+        config = ShakespeareRun.from_dict(dict(steps=4, eval_interval=2, warmup_steps=1, final_eval_batches=2,
+                                               sample_chars=10))
+        run = run_shakespeare(config, out_dir=tmp_path / "runs" / "s")
     except FileNotFoundError:
         pytest.skip("Tiny Shakespeare not available (set MHA_DATA_DIR)")
     metrics = run["metrics"]
@@ -152,12 +154,21 @@ def test_results_lookup_finds_every_committed_sweep():
         results.load("nope", REPO)
 
 
-def test_old_module_names_still_work():
-    """``mha.model`` and the other moved names are the new modules themselves; ``python -m mha.sweep`` runs."""
-    import mha.experiments.model
-    import mha.model
-    from mha.tasks import make_task
+def test_command_lines_and_no_old_module_names():
+    """``python -m mha.sweep`` and ``python -m mha.bench`` run the harness's command lines; the harness's modules
+    are imported by their names under ``mha.experiments`` (the earlier ``mha.model``, ``mha.tasks``, ... are gone)."""
+    import importlib.util
 
-    assert mha.model is mha.experiments.model and make_task("two_offset").block_size == 32
-    out = subprocess.run([sys.executable, "-m", "mha.sweep", "--help"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "--executor" in out.stdout
+    import mha
+    import mha.experiments.sweep
+
+    for old in ("model", "tasks", "train", "analysis", "viz"):
+        assert importlib.util.find_spec(f"mha.{old}") is None, old
+        with pytest.raises(AttributeError):
+            getattr(mha, old)
+    import mha.sweep
+
+    assert mha.sweep.main is mha.experiments.sweep.main  # the entry point, nothing else
+    for module, marker in (("mha.sweep", "--executor"), ("mha.bench", "--quick")):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and marker in out.stdout and f"python -m {module}" in out.stdout, out.stderr

@@ -246,3 +246,20 @@ def test_every_committed_sweep_file_is_valid():
         assert sweep.output_dir(sweep_) == path.parent / sweep_.name
     smoke = load_sweep(REPO / "experiments" / "smoke.yaml")
     assert smoke.notebook == TRAIN_NOTEBOOK and 2 <= len(smoke.runs()) <= 4
+
+
+def test_one_command_and_one_check_per_sweep(tmp_path):
+    """The command that remakes a sweep is built in one place (the sweep, its results and the book agree); a sweep
+    loaded again (a chapter looks its sweeps up several times) reuses the configurations checked the first time,
+    and the function executor hands the run's configuration over as it is."""
+    from mha.experiments.results import load
+
+    path = REPO / "experiments" / "head_count" / "head-count.yaml"
+    assert (sweep.command(path, 2) == load_sweep(path).command() == load("head-count", REPO).command
+            == "python -m mha.sweep experiments/head_count/head-count.yaml --jobs 2")
+    assert sweep.command(path, 1, root=path.parent) == "python -m mha.sweep head-count.yaml"
+    first, again = load_sweep(path).runs(), load_sweep(path).runs()
+    assert all(a.study_config is b.study_config for a, b in zip(first, again))
+    assert first[0].config == first[0].study_config.to_dict() and first[0].study_config.study == "train"
+    changed = write_sweep(tmp_path, "train", {**BASE, "lr": 2e-3}, {"seed": [0]})
+    assert load_sweep(changed).runs()[0].study_config.lr == 2e-3  # an edited file is read again

@@ -20,14 +20,11 @@ The experiment harness (book part III)
 ``mha.experiments``  run configuration, model, tasks, data, trainer, studies, sweeps, results, analysis,
                      visualisation, benchmarks (see its docstring).
 
-Earlier names of the harness modules still import: ``mha.model``, ``mha.tasks``, ``mha.train``, ``mha.sweep``,
-``mha.bench``, ``mha.analysis`` and ``mha.viz`` are ``mha.experiments.<name>``, and ``python -m mha.sweep`` and
-``python -m mha.bench`` run the harness's command lines.
+Two command lines: ``python -m mha.sweep`` (the sweep runner, :func:`mha.experiments.sweep.main`) and
+``python -m mha.bench`` (the benchmarks, :func:`mha.experiments.bench.main`); ``mha.sweep`` and ``mha.bench`` are
+only these entry points. The harness's modules are imported by their names, ``mha.experiments.<name>``.
 """
 
-import importlib.abc
-import importlib.util
-import sys
 from importlib import import_module
 
 from mha._compat import check_versions as _check_versions
@@ -43,8 +40,6 @@ _LAZY = {
     "KVCache": "mha.kv_cache",
 }
 _SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "exercises", "kernels", "experiments"}
-_MOVED = {name: f"mha.experiments.{name}" for name in ("model", "tasks", "train", "sweep", "bench", "analysis",
-                                                        "viz")}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
@@ -53,39 +48,7 @@ def __getattr__(name):
     # Lazy: `import mha` stays cheap (no torch import) until a torch object is asked for.
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in _SUBMODULES or name in _MOVED:
+    if name in _SUBMODULES:
         return import_module(f"mha.{name}")
     raise AttributeError(f"module 'mha' has no attribute {name!r}")
 
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``mha.<old name>`` -> the module ``mha.experiments.<old name>`` itself (one module object under two names).
-
-    ``python -m mha.sweep`` works too: runpy asks the loader for the code, which is the new module's code.
-    """
-
-    @staticmethod
-    def _target(fullname: str) -> str | None:
-        package, _, name = fullname.partition(".")
-        return _MOVED.get(name) if package == "mha" else None
-
-    def find_spec(self, fullname, path=None, target=None):
-        new_name = self._target(fullname)
-        if new_name is None:
-            return None
-        origin = importlib.util.find_spec(new_name).origin  # the file: ``python -m`` sets __file__ from it
-        return importlib.util.spec_from_loader(fullname, self, origin=origin)
-
-    def create_module(self, spec):
-        return import_module(self._target(spec.name))
-
-    def exec_module(self, module):
-        pass  # already executed under its new name
-
-    def get_code(self, fullname):
-        target = importlib.util.find_spec(self._target(fullname))
-        return target.loader.get_code(target.name)
-
-
-if not any(isinstance(finder, _MovedModuleFinder) for finder in sys.meta_path):
-    sys.meta_path.append(_MovedModuleFinder())

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mha.experiments import config as config_module
-from mha.experiments import sweep
+from mha.experiments import studies, sweep
 from mha.experiments.results import SweepResults, sweep_names
 from mha.experiments.sweep import ChangedRunsError, Results, SweepBusyError, load_sweep, run_sweep
 
@@ -72,9 +72,9 @@ def test_a_default_changed_in_the_code_is_noticed(tmp_path, fake_runs, monkeypat
 
     @dataclasses.dataclass(frozen=True)
     class TrainRunNow(config_module.TrainRun):
-        mlp_ratio: int = 2
+        model: config_module.ModelConfig = config_module.part(config_module.ModelConfig, mlp_ratio=2)
 
-    monkeypatch.setitem(config_module.STUDY_CONFIGS, "train", TrainRunNow)
+    monkeypatch.setitem(studies.STUDIES, "train", studies.Study(TrainRunNow, studies.run_train))
     with pytest.raises(ChangedRunsError, match=r"mlp_ratio: 4 then, 2 now"):
         run_sweep(path, out=tmp_path / "out", progress=False)
     assert sweep.main([str(path), "--out", str(tmp_path / "out")]) == 2  # the command line: a message, no traceback

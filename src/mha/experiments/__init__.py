@@ -2,7 +2,8 @@
 
 What the experiments need beyond attention itself, one module a job:
 
-``config``    ``RunConfig`` and one subclass per study: every setting a run takes, typed and checked.
+``config``    ``RunConfig`` (composed of a ``ModelConfig`` and a ``TrainConfig``) and one subclass per study: every
+              setting a run takes, typed and checked once.
 ``model``     ``TinyTransformer``: a small decoder-only GPT built on ``mha.MultiHeadAttention``.
 ``tasks``     the tasks (two-offset lookup, associative recall, repeated sequences, Tiny Shakespeare).
 ``data``      where data sets live; Tiny Shakespeare downloaded once and checked (pooch).
@@ -12,17 +13,19 @@ What the experiments need beyond attention itself, one module a job:
 ``sweep``     a study over a grid of settings, one row per run in ``results.csv`` (``python -m mha.sweep``).
 ``results``   the committed results, as every part III chapter reads them.
 ``reproduce`` committed runs rerun and compared: how far the numbers move on this machine.
-``stats``     intervals over seeds: Wilson for proportions, bootstrap for means and paired differences.
+``stats``     intervals over seeds: Wilson for proportions, bootstrap for means and paired differences; verdicts.
+``report``    the words and tables the chapters glue (intervals as text, counts, lists, machine descriptions).
 ``analysis``  head scores, similarity, importance and pruning of trained models.
 ``viz``       ``attention_explorer``: an interactive attention-map viewer for the static book.
-``bench``     side-by-side benchmarks (``python -m mha.bench``).
+``bench``     side-by-side benchmarks (``python -m mha.bench``; the run and its CLI in ``bench_run``).
+``timing``    the one timer: paired repeats after warm-up, medians and quartiles of the ratios.
 ``machine``   what ran: device, CPU or GPU name, threads, seeding.   ``io``: atomic JSON writes, artifact folders.
 """
 
 from importlib import import_module
 
 MODULES = ("config", "model", "tasks", "data", "train", "probes", "studies", "sweep", "results", "reproduce", "stats",
-           "analysis", "viz", "bench", "machine", "io")
+           "report", "analysis", "viz", "bench", "bench_run", "timing", "machine", "io")
 
 __all__ = list(MODULES)
 

@@ -27,7 +27,7 @@ Sections (``--sections``, all by default):
 * ``decode``: per generated token, a step through the KV cache against recomputing the whole prefix; and GQA (g=2)
   and MQA (g=1) against MHA, per-token time and cache bytes. The MHA contender is the GQA/MQA model with its
   key/value heads *copied* to every query head of their group, so both compute the same function.
-* ``train``: training-step throughput (tokens/s) of ``mha.model.TinyTransformer`` against the same model built from
+* ``train``: training-step throughput (tokens/s) of ``mha.experiments.model.TinyTransformer`` against the same model built from
   ``torch.nn.TransformerEncoderLayer`` (same weights, causal mask). Target: throughput ratio ours / torch >= 1.0.
 * ``kernels`` (CUDA only): the package's Triton FlashAttention kernel against SDPA's flash backend and the naive
   path, bfloat16, forward and forward+backward, TFLOP/s and the fraction of a bf16 matmul's rate

@@ -15,7 +15,7 @@ GQA or MQA (``n_kv_heads``), with or without the 1/sqrt(head_dim) scale (``scale
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -24,36 +24,28 @@ from torch import nn
 from mha import counting
 from mha._checks import check_bool, check_float, check_int, check_shape, check_type
 from mha.convert import gqa_to_mha
+from mha.experiments.config import ModelConfig
 from mha.attention import MultiHeadAttention
 from mha.kv_cache import KVCache
 
 __all__ = ["TransformerConfig", "TinyTransformer", "MLP", "Block", "expand_kv_heads"]
 
 
-@dataclass
-class TransformerConfig:
+@dataclass(frozen=True)
+class TransformerConfig(ModelConfig):
+    """A :class:`TinyTransformer`'s configuration: the architecture (:class:`~mha.experiments.config.ModelConfig`:
+    n_layers, d_model, n_heads, n_kv_heads, head_dim, mlp_ratio, attention_only, scale_scores, dropout, bias,
+    attn_impl; its defaults, and its checks) and the task's sizes."""
+
     vocab_size: int = 65  # number of distinct token ids (65 = Tiny Shakespeare's characters)
     block_size: int = 64  # longest sequence the model reads (size of the position embedding table)
-    n_layers: int = 2  # number of transformer blocks
-    d_model: int = 64  # width of the residual stream
-    n_heads: int = 4  # h, query heads per attention layer
-    n_kv_heads: int | None = None  # g, key/value heads; None = n_heads (MHA), 1 = MQA, between = GQA
-    head_dim: int | None = None  # size of one head; None = d_model // n_heads (set it to hold it fixed as h grows)
-    mlp_ratio: int = 4  # the MLP's hidden width is mlp_ratio * d_model
-    attention_only: bool = False  # no MLP blocks (attention-only transformer, for induction-head studies)
-    scale_scores: bool = True  # True: scores scaled by 1/sqrt(head_dim); False: unscaled (scale=1.0), the ablation
-    dropout: float = 0.0  # dropout on embeddings, attention weights and residual branches (training mode only)
-    bias: bool = True  # biases in the Linear layers and LayerNorms
-    attn_impl: str = "sdpa"  # MultiHeadAttention path: "sdpa" (F.scaled_dot_product_attention) or "naive"
 
-    def __post_init__(self):
-        # The attention arguments (n_heads, n_kv_heads, head_dim, attn_impl) are checked by MultiHeadAttention.
-        for name in ("vocab_size", "block_size", "n_layers", "d_model", "mlp_ratio"):
-            check_int(f"TransformerConfig.{name}", getattr(self, name))
-        for name in ("attention_only", "scale_scores", "bias"):
-            check_bool(f"TransformerConfig.{name}", getattr(self, name))
-        self.dropout = check_float("TransformerConfig.dropout", self.dropout, minimum=0.0, maximum=1.0,
-                                   max_inclusive=False)
+    @classmethod
+    def for_task(cls, model: ModelConfig, task) -> TransformerConfig:
+        """``model``'s architecture with ``task``'s vocab_size and block_size."""
+        check_type("model", model, ModelConfig, "a ModelConfig (mha.experiments.config)")
+        return cls(**{f.name: getattr(model, f.name) for f in fields(ModelConfig)}, vocab_size=task.vocab_size,
+                   block_size=task.block_size)
 
 
 class MLP(nn.Module):
@@ -181,6 +173,9 @@ class TinyTransformer(nn.Module):
         Returns:
             ``(logits, loss, weights)``: logits (N, L, vocab_size); loss the mean cross-entropy over the scored
             positions (None without targets); weights a list of (N, h, L, L_kv) or None.
+
+        Shapes, types and the caches are checked on every call; the ids' values (in range, a scored target) only
+        on the CPU: a call never waits for an accelerator to hand its tensors back.
         """
         n_seq, length, offset = self._check_forward_inputs(idx, targets, head_mask, kv_caches)
         positions = torch.arange(offset, offset + length, device=idx.device)  # (L,)
@@ -239,28 +234,38 @@ class TinyTransformer(nn.Module):
                 raise TypeError(f"targets must be an int64 tensor of idx's shape {tuple(idx.shape)}, got {got}")
             if targets.shape != idx.shape:
                 raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got shape {tuple(targets.shape)}")
-        # Value checks (token ids in range, at least one scored target) read the device once, in one transfer.
-        checks = [idx.min(), idx.max()]
-        if targets is not None:
-            scored = targets != -100
-            scored_ids = torch.where(scored, targets, 0)  # (N, L)
-            checks += [scored.sum(), scored_ids.min(), scored_ids.max()]
-        values = torch.stack(checks).tolist()
-        if values[0] < 0 or values[1] >= cfg.vocab_size:
-            raise ValueError(f"idx holds token ids in [{values[0]}, {values[1]}], expected ids in [0, vocab_size="
-                             f"{cfg.vocab_size})")
-        if targets is not None:
-            if values[2] == 0:
-                raise ValueError("targets has no scored position (every entry is -100): the loss would be NaN")
-            if values[3] < 0 or values[4] >= cfg.vocab_size:
-                raise ValueError(f"targets hold ids in [{values[3]}, {values[4]}] besides -100 (ignored), expected "
-                                 f"ids in [0, vocab_size={cfg.vocab_size})")
+        if idx.device.type == "cpu":  # see _check_values
+            self._check_values(idx, targets)
         if head_mask is not None:
             check_type("head_mask", head_mask, torch.Tensor, "a tensor of shape (n_layers, n_heads) or None")
             check_shape("head_mask", head_mask, (cfg.n_layers, cfg.n_heads), names="(n_layers, n_heads)")
             if not (head_mask.dtype.is_floating_point or head_mask.dtype == torch.bool):
                 raise TypeError(f"head_mask must be a float or bool tensor, got dtype {head_mask.dtype}")
         return n_seq, length, offset
+
+    def _check_values(self, idx, targets) -> None:
+        """Token ids in range and at least one scored target: checks that read the tensors' values.
+
+        Only for tensors on the CPU, where reading them costs no transfer. On an accelerator, reading them would
+        copy them back and wait for the device on every call (every training step, every decoding step, the timed
+        ones too); there an id out of range is caught by the embedding's and the loss's own device-side checks.
+        """
+        vocab_size = self.config.vocab_size
+        checks = [idx.min(), idx.max()]
+        if targets is not None:
+            scored = targets != -100
+            scored_ids = torch.where(scored, targets, 0)  # (N, L)
+            checks += [scored.sum(), scored_ids.min(), scored_ids.max()]
+        values = torch.stack(checks).tolist()
+        if values[0] < 0 or values[1] >= vocab_size:
+            raise ValueError(f"idx holds token ids in [{values[0]}, {values[1]}], expected ids in [0, vocab_size="
+                             f"{vocab_size})")
+        if targets is not None:
+            if values[2] == 0:
+                raise ValueError("targets has no scored position (every entry is -100): the loss would be NaN")
+            if values[3] < 0 or values[4] >= vocab_size:
+                raise ValueError(f"targets hold ids in [{values[3]}, {values[4]}] besides -100 (ignored), expected "
+                                 f"ids in [0, vocab_size={vocab_size})")
 
     # ------------------------------------------------------------------------------------------------ decoding
     @torch.no_grad()

@@ -152,15 +152,14 @@ def machine_values(machines, key: str) -> list[str]:
 
 
 def regenerate_command(name: str, root: str | os.PathLike | None = None) -> str:
-    """The command that regenerates sweep ``name``'s results, from the repository root: ``load(name).command``
-    (:mod:`mha.experiments.results`), "python -m mha.sweep experiments/<chapter>/<file>.yaml [--jobs N]". A sweep
-    file that has not been run yet (no ``results.csv``: the GPU and cluster files) gets the same command."""
-    from mha.experiments import results
+    """The command that regenerates sweep ``name``'s results, from the repository root (the one builder,
+    :func:`mha.experiments.sweep.command`): "python -m mha.sweep experiments/<chapter>/<file>.yaml [--jobs N]", also
+    for a sweep file that has not been run yet (the GPU and cluster files)."""
+    from mha.experiments.results import sweep_names
+    from mha.experiments.sweep import load_sweep
 
     check_type("name", name, str, "a sweep name such as 'head-count'")
-    try:
-        return results.load(name, root).command
-    except FileNotFoundError:
-        sweep_file = results.sweep_names(root)[name]  # load() found the file, not its results
-        return results.SweepResults(name, sweep_file, sweep_file.parent / name,
-                                    results.experiments_dir(root).parent).command
+    names = sweep_names(root)
+    if name not in names:
+        raise ValueError(f"no sweep named {name!r}; the sweeps are {sorted(names)}")
+    return load_sweep(names[name]).command()

@@ -6,23 +6,25 @@ scalars a sweep copies into ``results.csv``, with the machine that ran) and what
 With ``out_dir`` it writes ``metrics.json`` there (last: its presence marks the run complete) and the files the book
 plots into ``artifacts_dir`` (default :func:`mha.experiments.io.artifacts_dir`).
 
-The papermill templates in ``experiments/notebooks/`` are a parameters cell, a call of these functions, and figures;
-``python -m mha.sweep`` runs them (or these functions directly, ``--executor function``).
+:data:`STUDIES` is the one registry of the studies (name -> configuration class and function). A run goes through
+:func:`run_config` both ways a sweep runs it: the papermill templates in ``experiments/notebooks/`` (a parameters
+cell, ``make_config`` and ``run_config``, then figures) and ``python -m mha.sweep ... --executor function``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mha._checks import check_type
+from mha._checks import check_choice, check_type
 from mha.experiments import analysis
-from mha.experiments.config import DynamicsRun, HeadsRun, RunConfig, ShakespeareRun, TrainRun, make_config
+from mha.experiments.config import DynamicsRun, HeadsRun, RunConfig, ShakespeareRun, TrainRun
 from mha.experiments.io import artifacts_dir as default_artifacts_dir
 from mha.experiments.io import rounded, save_json
 from mha.experiments.machine import machine_info, seed_everything, set_threads
@@ -31,7 +33,8 @@ from mha.experiments.probes import DynamicsProbe, count_spikes, fixed_period_pro
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import evaluate, measure_decode_time, train
 
-__all__ = ["run_train", "run_heads", "run_dynamics", "run_shakespeare", "STUDIES", "run_study"]
+__all__ = ["run_train", "run_heads", "run_dynamics", "run_shakespeare", "Study", "STUDIES", "make_config", "run_config",
+           "run_study"]
 
 
 def _prepare(config: RunConfig, cls: type, out_dir, artifacts_dir):
@@ -72,7 +75,7 @@ def run_train(config: TrainRun, out_dir=None, artifacts_dir=None) -> dict:
     out_dir, _ = _prepare(config, TrainRun, out_dir, artifacts_dir)
     task = config.make_task()
     model_config = config.model_config(task)
-    result = train(model_config, task, config.train_config(), progress=config.progress)
+    result = train(model_config, task, config.train, progress=config.progress)
     model = result.model.eval()
     metrics = dict(result)
     if config.measure_decode:
@@ -120,10 +123,10 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
     out_dir, artifacts_path = _prepare(config, HeadsRun, out_dir, artifacts_dir)
     task = config.make_task()
     model_config = config.model_config(task)
-    result = train(model_config, task, config.train_config(), progress=config.progress)
+    result = train(model_config, task, config.train, progress=config.progress)
     model = result.model.eval()
     device = next(model.parameters()).device
-    n_heads = config.n_heads
+    n_heads = config.model.n_heads
 
     analysis_start = time.perf_counter()
 
@@ -140,7 +143,7 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
     periods = (list(range(4, (block + 1) // 2 + 1, 4)) if config.induction_periods is None
                else list(config.induction_periods))
     induction_by_period = analysis.repeat_induction_scores(model, periods, config.analysis_batch_size,
-                                                           seed=config.seed)  # (P, n_layers, h)
+                                                           seed=config.train.seed)  # (P, n_layers, h)
     scores = []
     for layer, w in enumerate(weights):
         layer_scores = analysis.head_scores(w)
@@ -152,7 +155,7 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
     js = np.array([analysis.pairwise_head_js(w) for w in weights])  # (n_layers, h, h)
     overlap = _subspace_matrices(model, "mean_cos2")
     max_cos = _subspace_matrices(model, "max_cos")
-    seed_everything(config.seed)  # the same initialisation as train() drew
+    seed_everything(config.train.seed)  # the same initialisation as train() drew
     overlap_init = _subspace_matrices(TinyTransformer(model_config), "mean_cos2")
 
     # Importance and pruning
@@ -160,7 +163,7 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
     ablation = analysis.single_head_ablation(model, eval_set, task.has_accuracy)  # one head masked at a time
     curve_importance = analysis.prune_curve(model, eval_set, importance_set, order="importance",
                                             has_accuracy=task.has_accuracy)
-    curves_random = [analysis.prune_curve(model, eval_set, order="random", seed=config.seed + k,
+    curves_random = [analysis.prune_curve(model, eval_set, order="random", seed=config.train.seed + k,
                                           has_accuracy=task.has_accuracy) for k in range(config.random_orders)]
     metric = "val_acc" if task.has_accuracy else "val_loss"
     prunable_importance = analysis.prunable_fraction(curve_importance, config.prune_tolerance, metric)
@@ -178,13 +181,13 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
         **{f"overlap_{n}": mean_off_diagonal(overlap[n]) for n in "qkvo"},
         **{f"overlap_{n}_init": mean_off_diagonal(overlap_init[n]) for n in "qkvo"},
         **{f"maxcos_{n}": mean_off_diagonal(max_cos[n]) for n in "qkvo"},
-        overlap_random=model.head_dim / config.d_model,
+        overlap_random=model.head_dim / config.model.d_model,
         prune_metric=metric, prunable_importance=prunable_importance, prunable_random=prunable_random,
         analysis_s=time.perf_counter() - analysis_start)
     metrics = _record_machine({**result, **summary}, config, device)
 
     details = dict(
-        task=task.config(), n_layers=config.n_layers, n_heads=n_heads, d_model=config.d_model,
+        task=task.config(), n_layers=config.model.n_layers, n_heads=n_heads, d_model=config.model.d_model,
         head_dim=model.head_dim, classes=classes, scores=[{k: v.tolist() for k, v in s.items()} for s in scores],
         induction_periods=periods, induction_by_period=induction_by_period.tolist(),
         js=js.tolist(), overlap={n: m.tolist() for n, m in overlap.items()},
@@ -214,7 +217,7 @@ def _dynamics_task(config: DynamicsRun):
     kwargs = dict(config.task_kwargs)
     if config.task == "induction":
         kwargs = {"score": "all", **kwargs}
-    task = make_task(config.task, seed=config.seed, **kwargs)
+    task = make_task(config.task, seed=config.train.seed, **kwargs)
     if isinstance(task, RepeatedSequence) and task.score != "all":
         raise ValueError("the induction task must score every position (task_kwargs score='all', the default here)")
     return task
@@ -243,23 +246,23 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
     if is_repeat:
         from mha.experiments.machine import resolve_device
 
-        device = resolve_device(config.device)
-        probe_x = fixed_period_probe(task, config.seed + 1000, 64, device)[0]  # (64, 2 seq_len - 1)
+        device = resolve_device(config.train.device)
+        probe_x = fixed_period_probe(task, config.train.seed + 1000, 64, device)[0]  # (64, 2 seq_len - 1)
     probe = DynamicsProbe(repeat_mask=_repeat_mask_fn(task) if is_repeat else None, probe_x=probe_x,
                           period=task.seq_len if is_repeat else None)
     model_config = config.model_config(task)
-    result = train(model_config, task, config.train_config(), progress=config.progress, hooks=[probe])
+    result = train(model_config, task, config.train, progress=config.progress, hooks=[probe])
     model = result.model
     device = next(model.parameters()).device
     history = result["history"]
 
-    warmup = config.warmup_steps
+    warmup = config.train.warmup_steps
     grad_norms = probe.grad_norms
     after_warmup = np.array(grad_norms[warmup:]) if len(grad_norms) > warmup else np.array(grad_norms)
     spikes = count_spikes(probe.step_losses, warmup, config.spike_window, config.spike_sigmas)
     ablations = []
     if is_repeat:  # the same 64 fixed-period sequences as the induction probe
-        ablation_x, ablation_y = fixed_period_probe(task, config.seed + 1000, 64, device)
+        ablation_x, ablation_y = fixed_period_probe(task, config.train.seed + 1000, 64, device)
         ablations = head_ablations(model, ablation_x, ablation_y, task.seq_len)
 
     final, init = history[-1], history[0]
@@ -267,7 +270,8 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
         val_loss=final["val_loss"], val_acc=final["val_acc"], train_loss=final["train_loss"],
         val_loss_best=min(h["val_loss"] for h in history), finite=probe.finite, steps_done=len(probe.step_losses),
         max_grad_norm=float(after_warmup.max()), median_grad_norm=float(np.median(after_warmup)),
-        clipped_fraction=float(np.mean(np.array(grad_norms) > config.grad_clip)) if config.grad_clip > 0 else 0.0,
+        clipped_fraction=(float(np.mean(np.array(grad_norms) > config.train.grad_clip)) if config.train.grad_clip > 0
+                          else 0.0),
         loss_spikes=spikes, tokens_per_s=result["tokens_per_s"], wall_s=result["wall_s"],
         params=result["params"], n_kv_heads=result["n_kv_heads"], head_dim=result["head_dim"],
         kv_cache_bytes=result["kv_cache_bytes"], model_config=result["model_config"],
@@ -287,7 +291,7 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
         metrics["loss_repeat_probe"] = ablations[0]["loss_repeat"]
         metrics["loss_repeat_probe_no_layer0"] = next(a["loss_repeat"] for a in ablations if a["ablated"] == "L0")
     if config.save_attention and is_repeat:
-        artifacts["attention"] = _saved_attention(model, task, final, config.seed)
+        artifacts["attention"] = _saved_attention(model, task, final, config.train.seed)
     _record_machine(metrics, config, device)
     _finish(metrics, out_dir, artifacts, artifacts_path)
     return dict(metrics=metrics, model=model, task=task, history=history, grad_norms=grad_norms,
@@ -326,15 +330,15 @@ def run_shakespeare(config: ShakespeareRun, out_dir=None, artifacts_dir=None) ->
     total_start = time.perf_counter()
     out_dir, artifacts_path = _prepare(config, ShakespeareRun, out_dir, artifacts_dir)
     task = config.make_task()
-    result = train(config.model_config(task), task, config.train_config(), progress=config.progress)
+    result = train(config.model_config(task), task, config.train, progress=config.progress)
     total_wall_s = time.perf_counter() - total_start
     model = result.model.eval()
     device = next(model.parameters()).device
 
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.train.seed)
     final = {}
     for split in ("train", "val"):
-        batches = [task.get_batch(split, config.batch_size, device) for _ in range(config.final_eval_batches)]
+        batches = [task.get_batch(split, config.train.batch_size, device) for _ in range(config.final_eval_batches)]
         per_batch = torch.tensor([evaluate(model, [batch], False)[0] for batch in batches])
         final[split] = (per_batch.mean().item(), (per_batch.std() / config.final_eval_batches ** 0.5).item())
     prompt = torch.tensor([task.encode("\n")], device=device)  # nanoGPT's sample.py starts from "\n"
@@ -357,11 +361,39 @@ def run_shakespeare(config: ShakespeareRun, out_dir=None, artifacts_dir=None) ->
     return dict(metrics=metrics, model=model, task=task, samples=samples)
 
 
-STUDIES = {"train": run_train, "heads": run_heads, "dynamics": run_dynamics, "shakespeare": run_shakespeare}
-"""study name -> its function (the configuration class is ``mha.experiments.config.STUDY_CONFIGS[name]``)."""
+@dataclass(frozen=True)
+class Study:
+    """A study: its configuration class (:mod:`mha.experiments.config`) and its function. Its name is the
+    configuration's ``study``; its papermill template is ``experiments/notebooks/<name>.ipynb``."""
+
+    config: type[RunConfig]  # its settings (the names a sweep file may set) and their defaults
+    function: Callable[..., dict]  # function(config, out_dir=None, artifacts_dir=None) -> {"metrics": ..., ...}
+
+    @property
+    def name(self) -> str:
+        return self.config.study
+
+
+STUDIES = {study.name: study for study in (Study(TrainRun, run_train), Study(HeadsRun, run_heads),
+                                            Study(DynamicsRun, run_dynamics), Study(ShakespeareRun, run_shakespeare))}
+"""The studies, by name: the one registry (sweep files name a study; ``--executor function`` runs its function)."""
+
+
+def make_config(study: str, values: dict) -> RunConfig:
+    """The configuration of ``study`` ('train', 'heads', 'dynamics', 'shakespeare') from flat ``values`` (a sweep's
+    names), checked: :meth:`RunConfig.from_dict <mha.experiments.config.RunConfig.from_dict>` of its class."""
+    check_choice("study", study, sorted(STUDIES))
+    return STUDIES[study].config.from_dict(values)
+
+
+def run_config(config: RunConfig, out_dir=None, artifacts_dir=None) -> dict:
+    """Run the study ``config`` is for (``config.study``); return everything its function returns ("metrics", and
+    what its notebook plots). The papermill templates and ``--executor function`` both run a run through here."""
+    check_type("config", config, RunConfig, "a study's configuration (see make_config)")
+    check_choice("config.study", config.study, sorted(STUDIES))
+    return STUDIES[config.study].function(config, out_dir=out_dir, artifacts_dir=artifacts_dir)
 
 
 def run_study(study: str, parameters: dict, out_dir=None, artifacts_dir=None) -> dict:
     """Run ``study`` with flat ``parameters`` (a sweep's names); return its metrics."""
-    config = make_config(study, parameters)
-    return STUDIES[study](config, out_dir=out_dir, artifacts_dir=artifacts_dir)["metrics"]
+    return run_config(make_config(study, parameters), out_dir=out_dir, artifacts_dir=artifacts_dir)["metrics"]

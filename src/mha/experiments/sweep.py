@@ -12,20 +12,22 @@ A sweep file (YAML)::
 
     name: smoke                         # the results folder: <the sweep file's folder>/<name>/
     study: train                        # a study of mha.experiments.studies: train, heads, dynamics, shakespeare
-    base: {task: two_offset, steps: 40} # settings shared by every run (fields of the study's configuration)
+    base: {task: two_offset, steps: 40} # settings shared by every run (the study configuration's flat names)
     grid: {n_heads: [1, 4], seed: [0, 1]}   # runs: the cartesian product of these lists
     jobs: 2                             # optional: runs in parallel when --jobs is not given (default 1)
 
-Every setting is a field of the study's configuration (:mod:`mha.experiments.config`): the whole grid is checked
-when the file is loaded, so an unknown name, a wrong type or a bad value stops the sweep before any run starts.
+Every setting is a flat name of the study's configuration (:mod:`mha.experiments.config`): each run's configuration
+is made and checked once, when the file is loaded, so an unknown name, a wrong type or a bad value stops the sweep
+before any run starts (and a chapter that loads the same sweep again does not check it again).
 Instead of ``study``, a sweep may name any papermill ``notebook`` (relative to the sweep file or the repository
 root) whose parameters cell defines ``out_dir``; its parameters are then the notebook's.
 
 Each run executes, by default (``--executor notebook``), the study's template ``experiments/notebooks/<study>.ipynb``
 through papermill with ``overrides`` (the run's settings), ``out_dir`` (where ``metrics.json`` goes) and
 ``artifacts_dir``; the executed notebook goes to ``DIR/runs/<run_id>.ipynb``. ``--executor function`` calls the
-study's function in a fresh process instead (no Jupyter needed, e.g. on a GPU machine without it); both compute the
-same numbers. Each run uses ``threads`` CPU threads (default 1: one run per core). Metrics go to
+study's function in a fresh process instead, on the configuration made when the file was loaded (no Jupyter needed,
+e.g. on a GPU machine without it); both go through :func:`mha.experiments.studies.run_config` and compute the same
+numbers. Each run uses ``threads`` CPU threads (default 1: one run per core). Metrics go to
 ``DIR/runs/<run_id>/metrics.json``, the files the book plots to ``DIR/artifacts/<run_id>/``.
 
 ``DIR/results.csv`` has one row per run: ``run_id`` (a hash of the run's base + grid settings, stable across
@@ -71,14 +73,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
 from mha._checks import check_bool, check_choice, check_int
 
-__all__ = ["Sweep", "Run", "load_sweep", "run_id", "execute_run", "Results", "run_sweep", "output_dir", "main",
-           "REQUIRED_COLUMNS", "EXECUTORS", "ChangedRunsError", "SweepBusyError", "canonical_config", "plan",
+if TYPE_CHECKING:
+    from mha.experiments.config import RunConfig
+
+__all__ = ["Sweep", "Run", "load_sweep", "run_id", "command", "execute_run", "Results", "run_sweep", "output_dir",
+           "main", "REQUIRED_COLUMNS", "EXECUTORS", "ChangedRunsError", "SweepBusyError", "canonical_config", "plan",
            "trust", "device_problems", "row_checksum"]
 
 REQUIRED_COLUMNS = ["run_id", "sweep", "status", "error", "task", "n_layers", "d_model", "n_heads", "n_kv_heads",
@@ -143,11 +149,13 @@ def canonical_config(config: dict) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     run_id: str  # stable hash of ``parameters``
     parameters: dict  # base + this grid point (what the sweep sets)
-    config: dict = field(default_factory=dict)  # every setting the run uses, defaults included (resolved once)
+    config: dict  # every setting the run uses, defaults included, flat (the row's columns; its ``config`` column)
+    study_config: RunConfig | None = None  # a study's run: its configuration, made and checked once, when the sweep
+    # was loaded, and handed as it is to the study's function (``--executor function``); None for a notebook sweep
 
 
 @dataclass
@@ -160,33 +168,11 @@ class Sweep:
     defaults: dict  # a plain notebook's parameters and their default values ({} for a study)
     path: Path  # the YAML file
     jobs: int = 1  # runs in parallel unless the command line says otherwise
-    _runs: list = field(default=None, repr=False)  # the runs, resolved once by load_sweep
+    _runs: list = field(default_factory=list, repr=False)  # the runs, made and checked by load_sweep
 
     def runs(self) -> list[Run]:
         """Every grid point, in the grid's order (the last parameter varies fastest), with its configuration."""
-        if self._runs is None:
-            keys = list(self.grid)
-            runs = []
-            for values in itertools.product(*(self.grid[key] for key in keys)):
-                parameters = {**self.base, **dict(zip(keys, values))}
-                runs.append(Run(run_id(parameters), parameters, self._resolve(parameters)))
-            self._runs = runs
         return self._runs
-
-    def _resolve(self, parameters: dict) -> dict:
-        """Every setting of a run with its value (the default where the sweep sets none)."""
-        if self.study is None:
-            effective = {**self.defaults, **parameters}
-            for name in RUNNER_PARAMETERS:
-                effective.pop(name, None)
-            return effective
-        from mha.experiments.config import make_config
-
-        return make_config(self.study, parameters).to_dict()
-
-    def effective(self, run: Run) -> dict:
-        """Every setting of the run with its value (the default where the sweep sets none): the row's columns."""
-        return run.config
 
     @property
     def label(self) -> str:
@@ -198,10 +184,18 @@ class Sweep:
         return run.config.get("threads", 1)
 
     def command(self) -> str:
-        """The command that (re)makes this sweep's results, relative to the repository root when inside one."""
-        root = _repo_root(self.path.parent)
-        shown = self.path.relative_to(root) if root is not None else self.path
-        return f"python -m mha.sweep {shown}" + (f" --jobs {self.jobs}" if self.jobs > 1 else "")
+        """The command that (re)makes this sweep's results (:func:`command`)."""
+        return command(self.path, self.jobs)
+
+
+def command(sweep_file: str | os.PathLike, jobs: int = 1, root: str | os.PathLike | None = None) -> str:
+    """The command that (re)makes a sweep's results: ``python -m mha.sweep <sweep file> [--jobs N]``, the file
+    relative to ``root`` (default: the repository holding it, when there is one), from where the command runs.
+    ``jobs``: the sweep file's (runs in parallel; the wall-time sweeps leave it at 1, one run at a time)."""
+    path = Path(sweep_file).resolve()
+    root = _repo_root(path.parent) if root is None else Path(root).resolve()
+    shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
+    return f"python -m mha.sweep {shown}" + (f" --jobs {jobs}" if jobs > 1 else "")
 
 
 def _repo_root(start: Path) -> Path | None:
@@ -295,10 +289,10 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
         raise ValueError(f"{path}: give either 'study' (one of the package's studies) or 'notebook' (a papermill "
                          f"notebook), not {'both' if study else 'neither'}")
     if study is not None:
-        from mha.experiments.config import STUDY_CONFIGS
+        from mha.experiments.studies import STUDIES
 
-        if study not in STUDY_CONFIGS:
-            raise ValueError(f"{path}: study must be one of {sorted(STUDY_CONFIGS)}, got {study!r}")
+        if study not in STUDIES:
+            raise ValueError(f"{path}: study must be one of {sorted(STUDIES)}, got {study!r}")
         sweep = Sweep(name, study, _study_notebook(path, study), base, grid, {}, path, jobs)
     else:
         if not isinstance(notebook, str):
@@ -320,15 +314,15 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
 
 
 def _check_runs(sweep: Sweep) -> None:
-    """Every run's settings are checked now, not when the run starts; two grid points that make the same run (a
-    value listed twice, or 1 and 1.0) are refused."""
+    """Make every run and check its settings now, not when the run starts; two grid points that make the same run
+    (a value listed twice, or 1 and 1.0) are refused."""
     keys, points = list(sweep.grid), itertools.product(*sweep.grid.values())
     seen = {}
     runs = []
     for values in points:
         parameters = {**sweep.base, **dict(zip(keys, values))}
         try:
-            config = sweep._resolve(parameters)
+            study_config, config = _resolve(sweep, parameters)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{sweep.path}: run {run_id(parameters)} ({_describe_parameters(parameters, keys)}): "
                               f"{error}") from None
@@ -337,8 +331,38 @@ def _check_runs(sweep: Sweep) -> None:
             raise ValueError(f"{sweep.path}: the grid points ({_describe_parameters(seen[text], keys)}) and "
                              f"({_describe_parameters(parameters, keys)}) make the same run; list each value once")
         seen[text] = parameters
-        runs.append(Run(run_id(parameters), parameters, config))
+        runs.append(Run(run_id(parameters), parameters, config, study_config))
     sweep._runs = runs
+
+
+def _resolve(sweep: Sweep, parameters: dict) -> tuple:
+    """``(study_config, config)``: a study's run's configuration (None for a notebook sweep) and every setting of the
+    run with its value, flat (the default where the sweep sets none)."""
+    if sweep.study is None:
+        effective = {**sweep.defaults, **parameters}
+        for name in RUNNER_PARAMETERS:
+            effective.pop(name, None)
+        return None, effective
+    from mha.experiments.studies import STUDIES
+
+    study_config = _study_config(STUDIES[sweep.study].config, parameters)
+    return study_config, study_config.to_dict()
+
+
+_STUDY_CONFIGS = {}  # (configuration class, parameters as JSON) -> the configuration: see _study_config
+
+
+def _study_config(cls: type, parameters: dict):
+    """``cls.from_dict(parameters)``, made and checked once per process for the same class and parameters: a
+    chapter that loads a sweep (or its results) several times checks its runs once. A configuration is frozen, and
+    depends on nothing but the class and the parameters; parameters that JSON cannot write are not cached."""
+    try:
+        key = (cls, json.dumps(parameters, sort_keys=True))
+    except (TypeError, ValueError):
+        return cls.from_dict(parameters)
+    if key not in _STUDY_CONFIGS:
+        _STUDY_CONFIGS[key] = cls.from_dict(parameters)
+    return _STUDY_CONFIGS[key]
 
 
 def _describe_parameters(parameters: dict, keys) -> str:
@@ -390,11 +414,12 @@ def _worker_pool(max_workers: int) -> ProcessPoolExecutor:
                                initializer=_die_with_parent, initargs=(os.getpid(),))
 
 
-def _call_study(study: str, parameters: dict, out_dir: str, artifacts_dir: str) -> None:
-    """In a fresh process: the study's function (torch is imported here, after the thread variables are set)."""
-    from mha.experiments.studies import run_study
+def _call_study(study_config, out_dir: str, artifacts_dir: str) -> None:
+    """In a fresh process: the study's function, on the configuration the sweep made and checked (torch is imported
+    here, after the thread variables are set)."""
+    from mha.experiments.studies import run_config
 
-    run_study(study, parameters, out_dir=out_dir, artifacts_dir=artifacts_dir)
+    run_config(study_config, out_dir=out_dir, artifacts_dir=artifacts_dir)
 
 
 @contextlib.contextmanager
@@ -431,7 +456,7 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
                 if sweep.study is None:
                     raise ValueError("--executor function needs a sweep with a 'study'")
                 with _worker_pool(1) as pool:  # a fresh process: torch starts with these threads
-                    pool.submit(_call_study, sweep.study, run.parameters, str(out_dir), str(artifacts)).result()
+                    pool.submit(_call_study, run.study_config, str(out_dir), str(artifacts)).result()
             else:
                 import papermill
 

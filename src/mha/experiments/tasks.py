@@ -14,6 +14,7 @@ validation batches are held out from training and the same seed gives the same b
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 
@@ -314,7 +315,13 @@ TASKS = {cls.name: cls for cls in (AssociativeRecall, RepeatedSequence, VaryingP
 def task_arguments(name: str) -> list[str]:
     """The keyword arguments task ``name`` takes (besides ``seed``), e.g. for checking a sweep's task_kwargs."""
     check_choice("task", name, sorted(TASKS))
-    return [p for p in inspect.signature(TASKS[name].__init__).parameters if p not in ("self", "seed")]
+    return list(_arguments(TASKS[name]))
+
+
+@functools.cache
+def _arguments(cls: type) -> tuple[str, ...]:
+    """``cls.__init__``'s keyword arguments but seed (read once per class: a sweep checks every run's task)."""
+    return tuple(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "seed"))
 
 
 def check_task(name: str, **kwargs) -> None:

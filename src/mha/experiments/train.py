@@ -7,7 +7,8 @@ hooks), "A nanoGPT-comparable character model".
 The loop is nanoGPT's ``train.py`` reduced to one process: AdamW with weight decay on the 2-D weights only, linear
 warmup then cosine decay of the learning rate to ``min_lr`` (``get_lr``), gradient clipping, and a periodic
 evaluation on a fixed set of held-out batches (drawn once from the task's "val" stream, so every evaluation and
-every run with the same seed sees the same batches).
+every run with the same seed sees the same batches). Its settings are a :class:`TrainConfig` (defined, with its
+defaults and checks, beside the run's other settings in :mod:`mha.experiments.config`).
 
 Hooks (:class:`Hook`) see every step's loss and gradient norm (the norm before clipping), add what they measure to
 each evaluation's record, may ask for an evaluation at step 0 (the initialisation) and may stop the run (a loss
@@ -20,21 +21,20 @@ import contextlib
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
-from mha._checks import check_choice, check_float, check_int, check_type
+from mha._checks import check_choice, check_int, check_type
+from mha.experiments.config import PRECISIONS, TrainConfig
 from mha.experiments.io import save_json
 from mha.experiments.machine import device_name, resolve_device, seed_everything, synchronize
 from mha.experiments.model import TinyTransformer, TransformerConfig
 from mha.experiments.tasks import Task, accuracy
 
 __all__ = ["TrainConfig", "TrainResult", "Hook", "train", "get_lr", "configure_optimizer", "evaluate",
-           "measure_decode_time", "autocast", "PRECISIONS"]
-
-PRECISIONS = ("float32", "bfloat16")
+           "measure_decode_time", "autocast", "PRECISIONS"]  # TrainConfig and PRECISIONS: from mha.experiments.config
 
 
 def autocast(device: torch.device, precision: str):
@@ -44,41 +44,6 @@ def autocast(device: torch.device, precision: str):
     if precision == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000  # optimizer steps
-    batch_size: int = 32  # sequences per step
-    lr: float = 1e-3  # peak learning rate (after warmup)
-    min_lr: float = 1e-4  # learning rate at the end of the cosine decay
-    warmup_steps: int = 100  # linear warmup steps
-    weight_decay: float = 0.1  # AdamW decoupled weight decay, on 2-D weights only
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.95  # AdamW beta2 (nanoGPT's value)
-    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
-    eval_interval: int = 100  # evaluate every eval_interval steps (and after the last step)
-    eval_batches: int = 8  # held-out batches per evaluation (the same batches every time)
-    seed: int = 0  # seeds torch, numpy and random (model init; the task has its own seed)
-    device: str = "auto"  # "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:1", ...
-    precision: str = "float32"  # "float32", or "bfloat16": forward passes under torch.autocast (nanoGPT's GPU recipe)
-
-    def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_interval", "eval_batches"):
-            check_int(f"TrainConfig.{name}", getattr(self, name))
-        for name in ("warmup_steps", "seed"):
-            check_int(f"TrainConfig.{name}", getattr(self, name), minimum=0)
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"TrainConfig.warmup_steps ({self.warmup_steps}) must be <= steps ({self.steps})")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-            setattr(self, name, check_float(f"TrainConfig.{name}", getattr(self, name), minimum=0.0))
-        for name in ("beta1", "beta2"):
-            setattr(self, name, check_float(f"TrainConfig.{name}", getattr(self, name), minimum=0.0, maximum=1.0,
-                                            max_inclusive=False))
-        if self.min_lr > self.lr:
-            raise ValueError(f"TrainConfig.min_lr ({self.min_lr}) must be <= lr ({self.lr})")
-        check_type("TrainConfig.device", self.device, str, "a device string such as 'auto', 'cpu' or 'cuda:0'")
-        check_choice("TrainConfig.precision", self.precision, PRECISIONS)
 
 
 class TrainResult(dict):
