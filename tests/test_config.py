@@ -14,7 +14,7 @@ from mha.experiments import train as train_module
 from mha.experiments.config import (DynamicsRun, HeadsRun, ModelConfig, RunConfig, ShakespeareRun, TrainConfig,
                                     TrainRun, attn_impls)
 from mha.experiments.studies import STUDIES, make_config
-from mha.experiments.sweep import load_sweep
+from mha.experiments.sweep_file import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 

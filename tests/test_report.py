@@ -104,7 +104,7 @@ def test_machine_values_collects_each_value_once():
 
 def test_regenerate_command_for_run_and_unrun_sweeps():
     from mha.experiments.results import experiments_dir, sweep_names
-    from mha.experiments.sweep import load_sweep
+    from mha.experiments.sweep_file import load_sweep
 
     root = experiments_dir().parent
     for name in ("head-count", "head-count-gpu"):  # committed results, and a GPU file that has not been run

@@ -1,5 +1,6 @@
-"""Tests for mha.experiments.sweep: grid -> runs (papermill or the study function) -> results.csv, reruns, failures,
-interruption, launchers, and the checks of a sweep file before anything runs."""
+"""Tests for the sweep harness (mha.experiments.sweep, sweep_file and results): grid -> runs (papermill or the study
+function) -> results.csv, reruns, failures, interruption, launchers, and the checks of a sweep file before anything
+runs."""
 
 import csv
 import hashlib
@@ -10,7 +11,9 @@ import pytest
 import yaml
 
 from mha.experiments import sweep
-from mha.experiments.sweep import REQUIRED_COLUMNS, Results, load_sweep, run_sweep
+from mha.experiments.results import REQUIRED_COLUMNS, Results
+from mha.experiments.sweep import run_sweep
+from mha.experiments.sweep_file import command, load_sweep
 
 from _params import write_notebook
 
@@ -255,9 +258,9 @@ def test_one_command_and_one_check_per_sweep(tmp_path):
     from mha.experiments.results import load
 
     path = REPO / "experiments" / "head_count" / "head-count.yaml"
-    assert (sweep.command(path, 2) == load_sweep(path).command() == load("head-count", REPO).command
+    assert (command(path, 2) == load_sweep(path).command() == load("head-count", REPO).command
             == "python -m mha.sweep experiments/head_count/head-count.yaml --jobs 2")
-    assert sweep.command(path, 1, root=path.parent) == "python -m mha.sweep head-count.yaml"
+    assert command(path, 1, root=path.parent) == "python -m mha.sweep head-count.yaml"
     first, again = load_sweep(path).runs(), load_sweep(path).runs()
     assert all(a.study_config is b.study_config for a, b in zip(first, again))
     assert first[0].config == first[0].study_config.to_dict() and first[0].study_config.study == "train"

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from mha.experiments.model import TinyTransformer, TransformerConfig
 from mha.experiments.tasks import Task, make_task
 from mha.experiments.machine import resolve_device
+from mha.experiments.timing import ScriptedClock
 from mha.experiments.train import Hook, TrainConfig, configure_optimizer, get_lr, measure_decode_time, train
 
 torch.set_num_threads(1)
@@ -198,14 +199,44 @@ def test_a_hook_can_stop_the_run():
     assert [h["step"] for h in result["history"]] == [7]  # one evaluation, at the stop
 
 
-def test_measure_decode_time():
+def test_measure_decode_time_is_the_median_time_per_token_of_the_timed_decodes():
+    """With a scripted clock that moves only when the model runs (each decoded token costs its scripted seconds, the
+    prefill 100 s), the result is the median over the timed decodes of their time per token: the prefill and the
+    warm-up decodes are not timed, and every decode feeds the same tokens as greedy generation."""
     model = TinyTransformer(TransformerConfig(vocab_size=8, block_size=16, n_layers=1, d_model=16, n_heads=2,
                                               n_kv_heads=1))
-    seconds = measure_decode_time(model, prompt_len=4, new_tokens=8, repeats=2)
-    assert isinstance(seconds, float) and seconds > 0
+    prompt_len, new_tokens, warmup = 4, 4, 2
+    prompt = torch.randint(8, (1, prompt_len), generator=torch.Generator().manual_seed(0))  # measure's, seed 0
+    generated = model.eval().generate(prompt, new_tokens, greedy=True)[:, prompt_len:]
+    model.train()
+    per_token = [3.0, 2.0] + [0.5, 0.125, 0.25]  # the seconds of each token of each decode: 2 warm-up, 3 timed
+    clock = ScriptedClock()
+    token = clock.contender([cost for cost in per_token for _ in range(new_tokens)], "token")
+    prefill = clock.contender([100.0] * 10, "prefill")
+    fed = []
+
+    def on_forward(module, args, output):
+        if args[0].shape[1] == 1:
+            fed.append(args[0])
+            token()
+        else:
+            prefill()
+
+    handle = model.register_forward_hook(on_forward)
+    try:
+        seconds = measure_decode_time(model, prompt_len, new_tokens, repeats=3, warmup=warmup, clock=clock)
+    finally:
+        handle.remove()
+    assert isinstance(seconds, float)
+    assert seconds == pytest.approx(0.25)  # the median of 0.5, 0.125 and 0.25 (their mean would be 0.29)
+    assert clock.log == ["prefill"] + ["token"] * new_tokens * 5  # one prefill, then 2 + 3 decodes
+    decoded = torch.cat(fed, dim=1).view(1, 5, new_tokens)  # (N, decodes, new_tokens)
+    assert all(torch.equal(decoded[:, k], generated) for k in range(5))  # the same tokens every time
     assert model.training  # the mode is restored
     with pytest.raises(ValueError, match="block_size"):
         measure_decode_time(model, prompt_len=10, new_tokens=7)
+    with pytest.raises(ValueError, match="warmup"):
+        measure_decode_time(model, prompt_len=4, new_tokens=4, warmup=0)
 
 
 def test_device_name_on_cpu_is_the_cpu_model_of_proc_cpuinfo():

@@ -15,8 +15,9 @@ import yaml
 
 from mha.experiments import config as config_module
 from mha.experiments import studies, sweep
-from mha.experiments.results import SweepResults, sweep_names
-from mha.experiments.sweep import ChangedRunsError, Results, SweepBusyError, load_sweep, run_sweep
+from mha.experiments.results import Results, SweepResults, plan, sweep_names
+from mha.experiments.sweep import ChangedRunsError, SweepBusyError, run_sweep
+from mha.experiments.sweep_file import load_sweep
 
 from _params import write_notebook
 
@@ -113,7 +114,7 @@ def test_every_committed_row_is_trusted():
         rows, bad = results.read_checked()
         assert not bad, (csv_path, bad[:3])
         loaded = load_sweep(names[rows[0]["sweep"]])
-        state = sweep.plan(loaded, results, loaded.runs())
+        state = plan(loaded, results, loaded.runs())
         assert not state["changed"], (csv_path, state["changed"][:3])
         assert len(state["finished"]) == sum(row["status"] == "ok" for row in rows), csv_path
         checked += len(rows)

@@ -10,8 +10,10 @@ What the experiments need beyond attention itself, one module a job:
 ``train``     the one trainer, with hooks (per-step measurements, step-0 probes, early stop).
 ``probes``    what the dynamics study measures while training.
 ``studies``   the experiments as functions: one training run, what heads learn, dynamics, the Shakespeare run.
-``sweep``     a study over a grid of settings, one row per run in ``results.csv`` (``python -m mha.sweep``).
-``results``   the committed results, as every part III chapter reads them.
+``sweep_file`` a sweep file read and checked: its runs, their ids and configurations, the command that runs it.
+``sweep``     the runner: a study over a grid of settings, one row per run in ``results.csv`` (``python -m mha.sweep``).
+``results``   ``results.csv`` (the table, its checksums, which rows to trust) and the committed results the chapters
+              read.
 ``reproduce`` committed runs rerun and compared: how far the numbers move on this machine.
 ``stats``     intervals over seeds: Wilson for proportions, bootstrap for means and paired differences; verdicts.
 ``report``    the words and tables the chapters glue (intervals as text, counts, lists, machine descriptions).
@@ -24,8 +26,8 @@ What the experiments need beyond attention itself, one module a job:
 
 from importlib import import_module
 
-MODULES = ("config", "model", "tasks", "data", "train", "probes", "studies", "sweep", "results", "reproduce", "stats",
-           "report", "analysis", "viz", "bench", "bench_run", "timing", "machine", "io")
+MODULES = ("config", "model", "tasks", "data", "train", "probes", "studies", "sweep_file", "sweep", "results",
+           "reproduce", "stats", "report", "analysis", "viz", "bench", "bench_run", "timing", "machine", "io")
 
 __all__ = list(MODULES)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
@@ -25,7 +23,7 @@ import torch
 from mha.experiments import bench
 from mha.experiments.bench import QUICK, SECTION_FUNCTIONS, SECTIONS, BenchConfig
 from mha.experiments.io import save_json
-from mha.experiments.machine import machine_record, resolve_device
+from mha.experiments.machine import git, git_commit, load_average, machine_record, resolve_device
 
 __all__ = ["device_info", "run", "main"]
 
@@ -42,25 +40,13 @@ def device_info(device: torch.device) -> dict:
     return machine_record(device)
 
 
-def _git(*args) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _dirty_modules() -> list[str] | None:
     """The loaded ``mha`` source files that differ from the commit (the benchmarked code is then not the commit's)."""
     paths = sorted({str(Path(module.__file__).resolve().relative_to(REPO_ROOT)) for name, module in sys.modules.items()
                     if name.split(".")[0] == "mha" and getattr(module, "__file__", None)
                     and Path(module.__file__).resolve().is_relative_to(REPO_ROOT)})
-    status = _git("status", "--porcelain", "--", *paths)
+    status = git(REPO_ROOT, "status", "--porcelain", "--", *paths)
     return None if status is None else [line.split(maxsplit=1)[-1] for line in status.splitlines()]
-
-
-def _load_average():
-    return os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
 def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = True, note: str | None = None,
@@ -71,13 +57,13 @@ def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = Tru
         raise ValueError(f"unknown sections {unknown}; expected some of {list(SECTIONS)}")
     device = resolve_device(device)
     start = time.perf_counter()
-    load_start = _load_average()
+    load_start = load_average()
     machine = machine_record(device)
     results = dict(
         schema_version=SCHEMA_VERSION, device=machine, torch_version=machine["torch_version"],
         python_version=machine["python_version"], num_threads=machine["num_threads"],
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        git_commit=_git("rev-parse", "HEAD"), git_dirty_files=_dirty_modules(),
+        git_commit=git_commit(REPO_ROOT), git_dirty_files=_dirty_modules(),
         quick=quick, note=note, load_average_start=load_start, config=asdict(cfg), method=METHOD, sections={})
     if device.type != "cuda":
         results["cuda_note"] = ("CPU run: no bfloat16 points and no CUDA SDPA backends; on a CUDA machine the same "
@@ -86,7 +72,7 @@ def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = Tru
         section_start = time.perf_counter()
         results["sections"][name] = SECTION_FUNCTIONS[name](cfg, device, progress=progress)
         results["sections"][name]["elapsed_s"] = time.perf_counter() - section_start
-    results["load_average_end"] = _load_average()
+    results["load_average_end"] = load_average()
     results["total_s"] = time.perf_counter() - start
     return results
 

@@ -4,7 +4,8 @@ Book: part III (every chapter records the machine beside its results). Runs are 
 CPU model with one thread count (and one torch build); :func:`machine_info` records both with every run, so a
 result can be traced to the machine that made it. :func:`machine_record` is the same record with what a benchmark
 adds (logical CPUs, Triton, the GPU and CUDA settings): the one record of the machine that ``python -m mha.bench``,
-``python -m mha.kernels.benchmark`` and ``python -m mha.experiments.gpu_check`` write.
+``python -m mha.kernels.benchmark`` and ``python -m mha.experiments.gpu_check`` write. :func:`machine_load` is how
+busy the machine was (logical CPUs, load average), and :func:`git_commit` the code that ran.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import platform
 import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +25,8 @@ import torch
 from mha._checks import check_int
 
 __all__ = ["seed_everything", "resolve_device", "cpu_model", "cpu_id", "cpu_capability", "device_name", "set_threads",
-           "synchronize", "machine_info", "machine_record", "device_slug"]
+           "synchronize", "machine_info", "machine_record", "device_slug", "load_average", "machine_load", "git",
+           "git_commit"]
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """The environment variables that size the CPU thread pools (read when torch starts)."""
@@ -133,6 +136,33 @@ def machine_info(device: torch.device) -> dict:
     return dict(device=device.type, device_name=device_name(device), cpu_model=cpu_model(), cpu_id=cpu_id(),
                 cpu_capability=cpu_capability(), num_threads=torch.get_num_threads(), torch_version=torch.__version__,
                 python_version=platform.python_version())
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The system's load average over 1, 5 and 15 minutes (``os.getloadavg``); None where the system has none."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+def machine_load() -> dict:
+    """How busy the machine is: ``cpu_count`` (logical CPUs) and ``load_average_1min`` (None where unknown), the
+    fields a timed run records beside its wall times."""
+    load = load_average()
+    return dict(cpu_count=os.cpu_count(), load_average_1min=None if load is None else load[0])
+
+
+def git(folder: str | os.PathLike, *args: str) -> str | None:
+    """The output of ``git args...`` run in ``folder`` (stripped); None when git fails, is missing, or ``folder``
+    is in no git repository."""
+    try:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_commit(folder: str | os.PathLike) -> str | None:
+    """HEAD of the git repository holding ``folder`` (40 hex digits); None outside one."""
+    return git(folder, "rev-parse", "HEAD")
 
 
 def device_slug(device: torch.device) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mha.attention import causal_mask
 from mha.experiments.analysis import induction_score, previous_token_score
 from mha.experiments.model import TinyTransformer
 from mha.experiments.tasks import RepeatedSequence
@@ -69,7 +70,7 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
         for handle in handles:
             handle.remove()
     n, length = x.shape
-    causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()  # (L, L)
+    causal = causal_mask(length, length, device=x.device)  # (L, L), True = may attend
     layers = []
     for block, x_in, w in zip(model.blocks, inputs, weights):
         attn = block.attn

@@ -153,10 +153,10 @@ def machine_values(machines, key: str) -> list[str]:
 
 def regenerate_command(name: str, root: str | os.PathLike | None = None) -> str:
     """The command that regenerates sweep ``name``'s results, from the repository root (the one builder,
-    :func:`mha.experiments.sweep.command`): "python -m mha.sweep experiments/<chapter>/<file>.yaml [--jobs N]", also
+    :func:`mha.experiments.sweep_file.command`): "python -m mha.sweep experiments/<chapter>/<file>.yaml [--jobs N]", also
     for a sweep file that has not been run yet (the GPU and cluster files)."""
     from mha.experiments.results import sweep_names
-    from mha.experiments.sweep import load_sweep
+    from mha.experiments.sweep_file import load_sweep
 
     check_type("name", name, str, "a sweep name such as 'head-count'")
     names = sweep_names(root)

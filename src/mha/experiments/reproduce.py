@@ -31,7 +31,7 @@ from pathlib import Path
 
 from mha._checks import check_choice, check_int
 from mha.experiments.io import save_json
-from mha.experiments.results import experiments_dir, load, sweep_names
+from mha.experiments.results import Results, experiments_dir, load, sweep_names
 
 __all__ = ["NOT_COMPARED", "ENVIRONMENT", "compare_rows", "reproduce", "main"]
 
@@ -76,8 +76,6 @@ def compare_rows(reference: dict, rerun: dict) -> list[dict]:
 
 def _rows(path: Path) -> dict:
     """The rows of a results.csv by run_id; a row that does not parse (cut short, edited) is refused."""
-    from mha.experiments.sweep import Results
-
     rows, bad = Results(path, path.parent / "runs" / ".lock").read_checked()
     if bad:
         raise ValueError(f"{path}, line {bad[0].line} (run {bad[0].run_id}): {bad[0].reason}")

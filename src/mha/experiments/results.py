@@ -1,28 +1,213 @@
-"""The committed results, as every part III chapter reads them.
+"""The results of the sweeps: the table ``results.csv`` (:class:`Results`) and, as every part III chapter reads
+them, the committed results of a sweep (:func:`load`).
 
 Book: part III. Each chapter has one folder, ``experiments/<chapter>/``, holding its sweep files and, beside each,
 the folder its results went to (``experiments/<chapter>/<sweep name>/results.csv`` and ``artifacts/<run_id>/``).
 :func:`load` finds a sweep by name and gives its table, its per-run files, the sweep file and the command that
 regenerates it, so that a figure can say beside itself how to remake it.
+
+``results.csv`` has one row per run: ``run_id`` (a hash of the run's base + grid settings, stable across reruns, key
+order and machines), ``sweep``, ``status`` ("ok" or "failed"), ``error``, every setting (its effective value: the
+configuration's default where the sweep does not set it), the run's scalar metrics (val_loss, val_acc,
+tokens_per_s, wall_s, params, kv_cache_bytes, device, device_name (the GPU, or the CPU model), num_threads,
+torch_version, and any extra such as decode_s_per_token; a metric wins over a setting of the same name),
+``git_commit`` (HEAD of the repository when the sweep started), ``study`` and ``config`` (the study, and the complete
+configuration the run reported it used, defaults included, as JSON) and, last, ``checksum`` (a hash of the row's
+other cells, :func:`row_checksum`).
+
+A row is trusted only when it can be vouched for. A row that does not parse (cut short, edited by hand: its
+checksum does not match) is a :class:`BadRow`, never carried along; a finished row whose study or configuration is
+not what the sweep file and the code give now is not trusted either (:func:`trust`, :func:`plan`). A row is added
+under a file lock by writing the whole table to a temporary file that ``os.replace`` puts in place, de-duplicated by
+run_id (the latest row wins): a reader never sees half a table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import functools
+import hashlib
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mha._checks import check_type
+from mha.experiments.sweep_file import Run, Sweep, canonical_config, command, config_difference, load_sweep
 
-__all__ = ["experiments_dir", "SweepResults", "load", "sweep_names"]
+__all__ = ["Results", "BadRow", "row_checksum", "csv_cell", "trust", "plan", "REQUIRED_COLUMNS",
+           "RECORD_COLUMNS", "experiments_dir",
+           "SweepResults", "load", "sweep_names"]
+
+REQUIRED_COLUMNS = ["run_id", "sweep", "status", "error", "task", "n_layers", "d_model", "n_heads", "n_kv_heads",
+                    "head_dim", "seed", "steps", "val_loss", "val_acc", "tokens_per_s", "wall_s", "params",
+                    "kv_cache_bytes", "device", "device_name", "threads", "torch_version", "git_commit"]
+RECORD_COLUMNS = ["study", "config"]  # what the run used: its study and its complete configuration (JSON)
+CHECKSUM = "checksum"  # the last column: a hash of the row's other cells
+RUN_ID = re.compile(r"[0-9a-f]{12}")
 
 
+# ------------------------------------------------------------------------------------------------------- results.csv
+def csv_cell(value) -> str:
+    """A value as a results.csv cell: "" for None, JSON (sorted keys) for a dict or a list, else ``str``."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def row_checksum(row: dict) -> str:
+    """16 hex digits of the sha256 of the row's non-empty cells (the checksum column left out) as canonical JSON:
+    independent of the column order and of columns that other rows added."""
+    cells = {k: v for k, v in row.items() if k != CHECKSUM and v not in ("", None)}
+    return hashlib.sha256(json.dumps(cells, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class BadRow:
+    line: int  # line of results.csv where the row starts
+    run_id: str  # its run_id cell, as read ("" if none)
+    reason: str  # why it cannot be trusted
+
+
+class Results:
+    """``results.csv``: read it (refusing rows that do not parse), and add a row atomically (temporary file +
+    ``os.replace``, under a file lock)."""
+
+    def __init__(self, path: str | os.PathLike, lock_path: str | os.PathLike):
+        self.path = Path(path)
+        self.lock_path = Path(lock_path)
+
+    def read(self) -> list[dict]:
+        """The rows that parse (all values as strings), one per run_id: the latest row of a run_id wins."""
+        return self.read_checked()[0]
+
+    def read_checked(self) -> tuple[list[dict], list[BadRow]]:
+        """``(rows, bad)``: the rows that parse, one per run_id (the latest wins), and the rows that do not, with
+        the reason: a row cut short or with cells too many, a status other than ok/failed, a run_id that is not 12
+        hex digits, a checksum that does not match its cells (edited, or cut at a cell's boundary)."""
+        if not self.path.exists():
+            return [], []
+        rows, bad = {}, []
+        with open(self.path, newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                return [], []
+            if header[:len(REQUIRED_COLUMNS[:3])] != REQUIRED_COLUMNS[:3] or len(set(header)) != len(header):
+                raise ValueError(f"{self.path}: the first line is not a results.csv header (it must start with "
+                                 f"{REQUIRED_COLUMNS[:3]} and name each column once), got {header[:5]}...; restore "
+                                 f"the file (git checkout) or move it away")
+            end = reader.line_num  # the last line read so far
+            for cells in reader:
+                start, end = end + 1, reader.line_num  # a row may span lines (a quoted newline)
+                if not cells:
+                    continue
+                row = dict(zip(header, cells))
+                reason = self._problem(header, cells, row)
+                if reason:
+                    bad.append(BadRow(start, cells[0], reason))
+                else:
+                    rows[row["run_id"]] = row
+        return list(rows.values()), bad
+
+    @staticmethod
+    def _problem(header: list, cells: list, row: dict) -> str | None:
+        if len(cells) != len(header):
+            return f"it has {len(cells)} cells where the header has {len(header)} (cut short, or edited)"
+        if not RUN_ID.fullmatch(row["run_id"]):
+            return f"its run_id {row['run_id']!r} is not 12 hex digits"
+        if row["status"] not in ("ok", "failed"):
+            return f"its status {row['status']!r} is neither 'ok' nor 'failed'"
+        if CHECKSUM not in row or not row[CHECKSUM]:
+            return "it has no checksum (made by an older runner, or cut short)"
+        if row[CHECKSUM] != row_checksum(row):
+            return "its checksum does not match its cells (edited by hand, or cut short)"
+        return None
+
+    @contextlib.contextmanager
+    def _lock(self):
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def add(self, row: dict, order: list[str] = ()) -> None:
+        """Replace (or add) the row of ``row["run_id"]``, with its checksum; rows are kept in ``order`` (run_ids),
+        others last. Rows that do not parse are dropped (the runner reported them and redoes their runs)."""
+        row = {key: csv_cell(value) for key, value in row.items() if key != CHECKSUM}
+        row[CHECKSUM] = row_checksum(row)
+        with self._lock():
+            rows = [r for r in self.read() if r["run_id"] != row["run_id"]] + [row]
+            self.write(rows, order)
+
+    def drop_bad_rows(self, order: list[str] = ()) -> None:
+        """Write the table again without its rows that do not parse (never carried along), rows in ``order``."""
+        with self._lock():
+            self.write(self.read(), order)
+
+    def write(self, rows: list[dict], order: list[str] = ()) -> None:
+        """Write ``rows`` (each with its checksum) as the whole table, atomically; call under the lock."""
+        rank = {rid: i for i, rid in enumerate(order)}
+        rows = sorted(rows, key=lambda r: rank.get(r["run_id"], len(rank)))  # stable: unknown run_ids keep order
+        columns = list(REQUIRED_COLUMNS)
+        for r in rows:
+            columns += [key for key in r if key not in columns and key != CHECKSUM]
+        columns.append(CHECKSUM)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(partial, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, self.path)
+
+
+def trust(sweep: Sweep, run: Run, row: dict) -> str | None:
+    """None when ``row`` records exactly the study and configuration ``run`` has now; otherwise what differs."""
+    if not row.get("study") or not row.get("config"):
+        return "the row records no study and configuration (made before runs recorded them)"
+    if row["study"] != sweep.label:
+        return f"made by study {row['study']!r}, the sweep now runs {sweep.label!r}"
+    if row["config"] != canonical_config(run.config):
+        try:
+            recorded = json.loads(row["config"])
+        except ValueError:
+            return "its recorded configuration is not valid JSON"
+        return config_difference(recorded, run.config)
+    return None
+
+
+def plan(sweep: Sweep, results: Results, runs: list[Run]) -> dict:
+    """What a rerun must do: ``{"finished": set of run_ids, "changed": [(run, what differs)], "bad": [BadRow]}``."""
+    rows, bad = results.read_checked()
+    by_id = {row["run_id"]: row for row in rows}
+    finished, changed = set(), []
+    for run in runs:
+        row = by_id.get(run.run_id)
+        if row is None or row["status"] != "ok":
+            continue
+        difference = trust(sweep, run, row)
+        if difference is None:
+            finished.add(run.run_id)
+        else:
+            changed.append((run, difference))
+    return {"finished": finished, "changed": changed, "bad": bad}
+
+
+# --------------------------------------------------------------------------------------------- what the chapters read
 def experiments_dir(start: str | os.PathLike | None = None) -> Path:
     """The repository's ``experiments/`` folder: ``$MHA_EXPERIMENTS_DIR``, else the first ``experiments/`` folder
     holding a ``notebooks/`` folder in ``start`` (default: the current directory) or one of its parents."""
@@ -63,17 +248,13 @@ class SweepResults:
 
     @functools.cached_property
     def sweep(self):
-        """The sweep file, loaded and checked once (:func:`mha.experiments.sweep.load_sweep`)."""
-        from mha.experiments.sweep import load_sweep
-
+        """The sweep file, loaded and checked once (:func:`mha.experiments.sweep_file.load_sweep`)."""
         return load_sweep(self.sweep_file)
 
     @property
     def command(self) -> str:
         """The command that regenerates this sweep's results, from the repository root
-        (:func:`mha.experiments.sweep.command`, with the sweep file's ``jobs``)."""
-        from mha.experiments.sweep import command
-
+        (:func:`mha.experiments.sweep_file.command`, with the sweep file's ``jobs``)."""
         return command(self.sweep_file, self.sweep.jobs, root=self.root)
 
     @property
@@ -94,8 +275,6 @@ class SweepResults:
         missing and the command that makes them; setting the environment variable ``MHA_ALLOW_PARTIAL=1`` relaxes
         this (not the trust) while a sweep is still running."""
         import pandas as pd
-
-        from mha.experiments.sweep import Results, plan
 
         results = Results(self.csv_path, self.folder / "runs" / ".lock")
         state = plan(self.sweep, results, self.sweep.runs())

@@ -13,7 +13,6 @@ cell, ``make_config`` and ``run_config``, then figures) and ``python -m mha.swee
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,7 +26,7 @@ from mha.experiments import analysis
 from mha.experiments.config import DynamicsRun, HeadsRun, RunConfig, ShakespeareRun, TrainRun
 from mha.experiments.io import artifacts_dir as default_artifacts_dir
 from mha.experiments.io import rounded, save_json
-from mha.experiments.machine import machine_info, seed_everything, set_threads
+from mha.experiments.machine import machine_info, machine_load, seed_everything, set_threads
 from mha.experiments.model import TinyTransformer
 from mha.experiments.probes import DynamicsProbe, count_spikes, fixed_period_probe, head_ablations
 from mha.experiments.tasks import RepeatedSequence
@@ -352,8 +351,7 @@ def run_shakespeare(config: ShakespeareRun, out_dir=None, artifacts_dir=None) ->
     metrics.update(
         train_wall_s=result["wall_s"], total_wall_s=total_wall_s,
         val_loss_final=final["val"][0], val_loss_final_se=final["val"][1],
-        train_loss_final=final["train"][0], train_loss_final_se=final["train"][1],
-        cpu_count=os.cpu_count(), load_average_1min=os.getloadavg()[0])
+        train_loss_final=final["train"][0], train_loss_final_se=final["train"][1], **machine_load())
     _record_machine(metrics, config, device)
     artifacts = {"samples": dict(history=metrics["history"], prompt="\n", temperature=config.sample_temperature,
                                  top_k=config.sample_top_k, **samples)}

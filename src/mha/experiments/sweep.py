@@ -8,19 +8,9 @@ Usage::
                         [--executor notebook|function] [--launcher local|submitit] [--cluster slurm|local|debug]
                         [--dry-run]
 
-A sweep file (YAML)::
-
-    name: smoke                         # the results folder: <the sweep file's folder>/<name>/
-    study: train                        # a study of mha.experiments.studies: train, heads, dynamics, shakespeare
-    base: {task: two_offset, steps: 40} # settings shared by every run (the study configuration's flat names)
-    grid: {n_heads: [1, 4], seed: [0, 1]}   # runs: the cartesian product of these lists
-    jobs: 2                             # optional: runs in parallel when --jobs is not given (default 1)
-
-Every setting is a flat name of the study's configuration (:mod:`mha.experiments.config`): each run's configuration
-is made and checked once, when the file is loaded, so an unknown name, a wrong type or a bad value stops the sweep
-before any run starts (and a chapter that loads the same sweep again does not check it again).
-Instead of ``study``, a sweep may name any papermill ``notebook`` (relative to the sweep file or the repository
-root) whose parameters cell defines ``out_dir``; its parameters are then the notebook's.
+This module is the runner and its command line. The sweep file (its keys, its checks, the runs it makes and their
+ids) is :mod:`mha.experiments.sweep_file`; the table of results (its columns, the checksum, which rows are trusted)
+is :mod:`mha.experiments.results`.
 
 Each run executes, by default (``--executor notebook``), the study's template ``experiments/notebooks/<study>.ipynb``
 through papermill with ``overrides`` (the run's settings), ``out_dir`` (where ``metrics.json`` goes) and
@@ -30,73 +20,46 @@ e.g. on a GPU machine without it); both go through :func:`mha.experiments.studie
 numbers. Each run uses ``threads`` CPU threads (default 1: one run per core). Metrics go to
 ``DIR/runs/<run_id>/metrics.json``, the files the book plots to ``DIR/artifacts/<run_id>/``.
 
-``DIR/results.csv`` has one row per run: ``run_id`` (a hash of the run's base + grid settings, stable across
-reruns, key order and machines), ``sweep``, ``status`` ("ok" or "failed"), ``error``, every setting (its effective
-value: the configuration's default where the sweep does not set it), the run's scalar metrics (val_loss, val_acc,
-tokens_per_s, wall_s, params, kv_cache_bytes, device, device_name (the GPU, or the CPU model), num_threads,
-torch_version, and any extra such as decode_s_per_token; a metric wins over a setting of the same name),
-``git_commit`` (HEAD of the repository when the sweep started), ``study`` and ``config`` (the study, and the complete
-configuration the run reported it used, defaults included, as JSON) and, last, ``checksum`` (a hash of the row's
-other cells).
-
-The runner trusts a row only when it can vouch for it. A row that does not parse (cut short, edited by hand: its
-checksum does not match) is reported and its run redone, never carried along. A finished row whose study or
-configuration is not what the sweep file and the code give now (another ``study:`` writing to the same folder, a
-default changed in the code) stops the sweep before any run starts, with a message that says what changed;
+The runner trusts a row only when :func:`mha.experiments.results.plan` does. A row that does not parse (cut short,
+edited by hand: its checksum does not match) is reported and its run redone, never carried along. A finished row
+whose study or configuration is not what the sweep file and the code give now (another ``study:`` writing to the same
+folder, a default changed in the code) stops the sweep before any run starts, with a message that says what changed;
 ``--rerun-changed`` reruns those runs instead. A rerun skips the runs whose row is trusted and says "ok"; a run that
-raises is recorded as "failed" with its error and the sweep goes on. Each row is written as its run finishes: the
-whole table goes to a temporary file that ``os.replace`` puts in place, under a file lock, de-duplicated by run_id
-(the latest row wins). Killing the runner at any moment therefore loses no recorded run and never duplicates one
-(the run in progress is redone), and the processes it started end with it. One runner works on a sweep's folder at
-a time: a second one stops at once, naming the first one's pid.
+raises is recorded as "failed" with its error and the sweep goes on. Each row is written as its run finishes
+(:meth:`mha.experiments.results.Results.add`: atomically, under a file lock). Killing the runner at any moment
+therefore loses no recorded run and never duplicates one (the run in progress is redone), and the processes it
+started end with it. One runner works on a sweep's folder at a time: a second one stops at once, naming the first
+one's pid.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import csv
 import ctypes
 import fcntl
-import hashlib
-import itertools
 import json
 import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import yaml
 from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidgets is missing
 
 from mha._checks import check_bool, check_choice, check_int
+from mha.experiments.results import RECORD_COLUMNS, Results, csv_cell, plan
+from mha.experiments.sweep_file import (NOTEBOOKS, Run, Sweep, canonical_config, config_difference,
+                                        describe_parameters, load_sweep)
 
-if TYPE_CHECKING:
-    from mha.experiments.config import RunConfig
+__all__ = ["execute_run", "run_sweep", "output_dir", "device_problems", "main", "EXECUTORS", "ChangedRunsError",
+           "SweepBusyError"]
 
-__all__ = ["Sweep", "Run", "load_sweep", "run_id", "command", "execute_run", "Results", "run_sweep", "output_dir",
-           "main", "REQUIRED_COLUMNS", "EXECUTORS", "ChangedRunsError", "SweepBusyError", "canonical_config", "plan",
-           "trust", "device_problems", "row_checksum"]
-
-REQUIRED_COLUMNS = ["run_id", "sweep", "status", "error", "task", "n_layers", "d_model", "n_heads", "n_kv_heads",
-                    "head_dim", "seed", "steps", "val_loss", "val_acc", "tokens_per_s", "wall_s", "params",
-                    "kv_cache_bytes", "device", "device_name", "threads", "torch_version", "git_commit"]
-RECORD_COLUMNS = ["study", "config"]  # what the run used: its study and its complete configuration (JSON)
-CHECKSUM = "checksum"  # the last column: a hash of the row's other cells
-RUNNER_PARAMETERS = ("out_dir", "artifacts_dir")  # set by the runner for every run, never by a sweep
-SWEEP_KEYS = {"name", "study", "notebook", "base", "grid", "jobs"}
 EXECUTORS = ("notebook", "function")
-NOTEBOOKS = Path("experiments") / "notebooks"  # the studies' templates, relative to the repository root
-RUN_ID = re.compile(r"[0-9a-f]{12}")
 
 
 class ChangedRunsError(ValueError):
@@ -105,268 +68,6 @@ class ChangedRunsError(ValueError):
 
 class SweepBusyError(RuntimeError):
     """Another runner is working on the same sweep folder."""
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML SafeLoader that reads ``1e-3`` as a float (PyYAML's YAML 1.1 needs ``1.0e-3``) and refuses a key given
-    twice in one mapping (PyYAML keeps the last one silently)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                  |[-+]?\.(?:inf|Inf|INF)
-                  |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
-def _mapping_without_duplicates(loader, node):
-    seen = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark,
-                f"found key {key!r} a second time (first on line {seen[key].line + 1}); each key may appear once",
-                key_node.start_mark)
-        seen[key] = key_node.start_mark
-    return loader.construct_mapping(node, deep=True)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def run_id(parameters: dict) -> str:
-    """12 hex digits of the sha256 of the parameters as canonical JSON (sorted keys): same parameters, same id."""
-    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
-
-
-def canonical_config(config: dict) -> str:
-    """A configuration as canonical JSON (sorted keys, no spaces): the ``config`` column, compared as text."""
-    return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-
-
-@dataclass(frozen=True)
-class Run:
-    run_id: str  # stable hash of ``parameters``
-    parameters: dict  # base + this grid point (what the sweep sets)
-    config: dict  # every setting the run uses, defaults included, flat (the row's columns; its ``config`` column)
-    study_config: RunConfig | None = None  # a study's run: its configuration, made and checked once, when the sweep
-    # was loaded, and handed as it is to the study's function (``--executor function``); None for a notebook sweep
-
-
-@dataclass
-class Sweep:
-    name: str  # the sweep's name (its results folder's name)
-    study: str | None  # the study (mha.experiments.studies), or None for a plain notebook sweep
-    notebook: Path | None  # the papermill template (a study's default, or the sweep's notebook)
-    base: dict  # parameters shared by every run
-    grid: dict  # parameter -> list of values; the runs are the cartesian product
-    defaults: dict  # a plain notebook's parameters and their default values ({} for a study)
-    path: Path  # the YAML file
-    jobs: int = 1  # runs in parallel unless the command line says otherwise
-    _runs: list = field(default_factory=list, repr=False)  # the runs, made and checked by load_sweep
-
-    def runs(self) -> list[Run]:
-        """Every grid point, in the grid's order (the last parameter varies fastest), with its configuration."""
-        return self._runs
-
-    @property
-    def label(self) -> str:
-        """What the ``study`` column records: the study's name, or ``notebook:<file name>`` for a notebook sweep."""
-        return self.study if self.study is not None else f"notebook:{self.notebook.name}"
-
-    def threads(self, run: Run) -> int:
-        """CPU threads of one run (the setting ``threads``; default 1)."""
-        return run.config.get("threads", 1)
-
-    def command(self) -> str:
-        """The command that (re)makes this sweep's results (:func:`command`)."""
-        return command(self.path, self.jobs)
-
-
-def command(sweep_file: str | os.PathLike, jobs: int = 1, root: str | os.PathLike | None = None) -> str:
-    """The command that (re)makes a sweep's results: ``python -m mha.sweep <sweep file> [--jobs N]``, the file
-    relative to ``root`` (default: the repository holding it, when there is one), from where the command runs.
-    ``jobs``: the sweep file's (runs in parallel; the wall-time sweeps leave it at 1, one run at a time)."""
-    path = Path(sweep_file).resolve()
-    root = _repo_root(path.parent) if root is None else Path(root).resolve()
-    shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
-    return f"python -m mha.sweep {shown}" + (f" --jobs {jobs}" if jobs > 1 else "")
-
-
-def _repo_root(start: Path) -> Path | None:
-    """The nearest ancestor of ``start`` (itself included) holding ``.git``, or None."""
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            return folder
-    return None
-
-
-def _git_commit(folder: Path) -> str:
-    """HEAD of the git repository holding ``folder`` ("" outside one)."""
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
-def _notebook_defaults(notebook: Path) -> dict:
-    """The notebook's papermill parameters and their default values (literal values parsed, others as text)."""
-    import papermill  # imported here: ``python -m mha.sweep --help`` stays fast
-
-    defaults = {}
-    for name, info in papermill.inspect_notebook(str(notebook)).items():
-        try:
-            defaults[name] = ast.literal_eval(info["default"])
-        except (ValueError, SyntaxError):
-            defaults[name] = info["default"]
-    return defaults
-
-
-def _find(path: Path, relative: str) -> Path | None:
-    """``relative`` beside the sweep file, or under the repository root."""
-    candidates = [path.parent / relative]
-    root = _repo_root(path.parent)
-    if root is not None:
-        candidates.append(root / relative)
-    return next((c.resolve() for c in candidates if c.is_file()), None)
-
-
-def _study_notebook(path: Path, study: str) -> Path | None:
-    """The study's template: under the sweep file's repository, else under the checkout the package runs from."""
-    package_checkout = Path(__file__).resolve().parents[3]  # src/mha/experiments/sweep.py -> the checkout
-    for root in (_repo_root(path.parent), package_checkout):
-        if root is not None and (root / NOTEBOOKS / f"{study}.ipynb").is_file():
-            return (root / NOTEBOOKS / f"{study}.ipynb").resolve()
-    return None
-
-
-def _read_yaml(path: Path):
-    """The sweep file's content; a YAML error names the file, the line and the column (as a ValueError)."""
-    with open(path) as stream:  # a named stream: PyYAML's messages then say 'in "<path>", line L, column C'
-        try:
-            return yaml.load(stream, Loader=_Loader)
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path} is not a valid sweep file:\n{error}") from None
-
-
-def load_sweep(config_path: str | os.PathLike) -> Sweep:
-    """Read and check a sweep file and every run it makes; an error names the file, the key and the run."""
-    path = Path(config_path).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"sweep file {path} does not exist")
-    spec = _read_yaml(path)
-    if not isinstance(spec, dict):
-        raise ValueError(f"{path}: a sweep file is a mapping with keys {sorted(SWEEP_KEYS)}, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - SWEEP_KEYS)
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}; expected {sorted(SWEEP_KEYS)}")
-    name = spec.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ValueError(f"{path}: 'name' names the results folder: a string of letters, digits, '_', '.' and '-' "
-                         f"that starts with a letter or a digit, got {name!r}")
-    base, grid = spec.get("base") or {}, spec.get("grid") or {}
-    if not isinstance(base, dict):
-        raise ValueError(f"{path}: 'base' must be a mapping parameter -> value, got {type(base).__name__}")
-    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
-        raise ValueError(f"{path}: 'grid' must be a mapping parameter -> non-empty list of values, got {grid!r}")
-    both = sorted(set(base) & set(grid))
-    if both:
-        raise ValueError(f"{path}: parameters {both} are in both 'base' and 'grid'; keep each in one place")
-    for key in RUNNER_PARAMETERS:
-        if key in base or key in grid:
-            raise ValueError(f"{path}: '{key}' is set by the runner for each run; remove it from the sweep file")
-
-    jobs = check_int(f"{path}: jobs", spec.get("jobs", 1))
-    study, notebook = spec.get("study"), spec.get("notebook")
-    if (study is None) == (notebook is None):
-        raise ValueError(f"{path}: give either 'study' (one of the package's studies) or 'notebook' (a papermill "
-                         f"notebook), not {'both' if study else 'neither'}")
-    if study is not None:
-        from mha.experiments.studies import STUDIES
-
-        if study not in STUDIES:
-            raise ValueError(f"{path}: study must be one of {sorted(STUDIES)}, got {study!r}")
-        sweep = Sweep(name, study, _study_notebook(path, study), base, grid, {}, path, jobs)
-    else:
-        if not isinstance(notebook, str):
-            raise ValueError(f"{path}: 'notebook' must be a path (relative to the sweep file or the repository root)")
-        found = _find(path, notebook)
-        if found is None:
-            raise ValueError(f"{path}: notebook {notebook!r} not found beside the sweep file or under the repository "
-                             f"root")
-        defaults = _notebook_defaults(found)
-        if "out_dir" not in defaults:
-            raise ValueError(f"{found}: its parameters cell (tagged 'parameters') must define out_dir")
-        unknown = sorted((set(base) | set(grid)) - set(defaults))
-        if unknown:
-            raise ValueError(f"{path}: parameters {unknown} are not parameters of {found.name}; its parameters are "
-                             f"{sorted(defaults)}")
-        sweep = Sweep(name, None, found, base, grid, defaults, path, jobs)
-    _check_runs(sweep)
-    return sweep
-
-
-def _check_runs(sweep: Sweep) -> None:
-    """Make every run and check its settings now, not when the run starts; two grid points that make the same run
-    (a value listed twice, or 1 and 1.0) are refused."""
-    keys, points = list(sweep.grid), itertools.product(*sweep.grid.values())
-    seen = {}
-    runs = []
-    for values in points:
-        parameters = {**sweep.base, **dict(zip(keys, values))}
-        try:
-            study_config, config = _resolve(sweep, parameters)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{sweep.path}: run {run_id(parameters)} ({_describe_parameters(parameters, keys)}): "
-                              f"{error}") from None
-        text = canonical_config(config)
-        if text in seen:
-            raise ValueError(f"{sweep.path}: the grid points ({_describe_parameters(seen[text], keys)}) and "
-                             f"({_describe_parameters(parameters, keys)}) make the same run; list each value once")
-        seen[text] = parameters
-        runs.append(Run(run_id(parameters), parameters, config, study_config))
-    sweep._runs = runs
-
-
-def _resolve(sweep: Sweep, parameters: dict) -> tuple:
-    """``(study_config, config)``: a study's run's configuration (None for a notebook sweep) and every setting of the
-    run with its value, flat (the default where the sweep sets none)."""
-    if sweep.study is None:
-        effective = {**sweep.defaults, **parameters}
-        for name in RUNNER_PARAMETERS:
-            effective.pop(name, None)
-        return None, effective
-    from mha.experiments.studies import STUDIES
-
-    study_config = _study_config(STUDIES[sweep.study].config, parameters)
-    return study_config, study_config.to_dict()
-
-
-_STUDY_CONFIGS = {}  # (configuration class, parameters as JSON) -> the configuration: see _study_config
-
-
-def _study_config(cls: type, parameters: dict):
-    """``cls.from_dict(parameters)``, made and checked once per process for the same class and parameters: a
-    chapter that loads a sweep (or its results) several times checks its runs once. A configuration is frozen, and
-    depends on nothing but the class and the parameters; parameters that JSON cannot write are not cached."""
-    try:
-        key = (cls, json.dumps(parameters, sort_keys=True))
-    except (TypeError, ValueError):
-        return cls.from_dict(parameters)
-    if key not in _STUDY_CONFIGS:
-        _STUDY_CONFIGS[key] = cls.from_dict(parameters)
-    return _STUDY_CONFIGS[key]
-
-
-def _describe_parameters(parameters: dict, keys) -> str:
-    return ", ".join(f"{k}={parameters[k]!r}" for k in keys) or "base"
 
 
 # ------------------------------------------------------------------------------------------------------- one run
@@ -481,159 +182,13 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
             used = (metrics.get("study"), metrics.get("config"))
             if used[0] != sweep.study or used[1] is None or canonical_config(used[1]) != canonical_config(run.config):
                 raise RuntimeError(f"the run reports study {used[0]!r} with another configuration than the one it "
-                                   f"was asked to run ({_config_difference(used[1], run.config)}); is its "
+                                   f"was asked to run ({config_difference(used[1], run.config)}); is its "
                                    f"template {sweep.notebook} out of date?")
     except Exception as error:  # noqa: BLE001 - any failure of the run is recorded, and the sweep goes on
         return {"status": "failed", "error": _describe(error)}
     scalars = {k: v for k, v in metrics.items()
                if k not in RECORD_COLUMNS and (v is None or isinstance(v, (bool, int, float, str)))}
     return {"status": "ok", "error": "", **scalars}
-
-
-def _config_difference(recorded, now: dict) -> str:
-    """The settings whose values differ between a recorded configuration and the current one, in words."""
-    if not isinstance(recorded, dict):
-        return "no configuration recorded"
-    changes = []
-    for key in sorted(set(recorded) | set(now)):
-        if key not in now:
-            changes.append(f"{key} = {recorded[key]!r} is no longer a setting")
-        elif key not in recorded:
-            changes.append(f"{key} is a new setting (now {now[key]!r})")
-        elif canonical_config(recorded[key]) != canonical_config(now[key]):
-            changes.append(f"{key}: {recorded[key]!r} then, {now[key]!r} now")
-    return "; ".join(changes) or "the same settings"
-
-
-# ------------------------------------------------------------------------------------------------ results.csv
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-def row_checksum(row: dict) -> str:
-    """16 hex digits of the sha256 of the row's non-empty cells (the checksum column left out) as canonical JSON:
-    independent of the column order and of columns that other rows added."""
-    cells = {k: v for k, v in row.items() if k != CHECKSUM and v not in ("", None)}
-    return hashlib.sha256(json.dumps(cells, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@dataclass
-class BadRow:
-    line: int  # line of results.csv where the row starts
-    run_id: str  # its run_id cell, as read ("" if none)
-    reason: str  # why it cannot be trusted
-
-
-class Results:
-    """``results.csv``: read it (refusing rows that do not parse), and add a row atomically (temporary file +
-    ``os.replace``, under a file lock)."""
-
-    def __init__(self, path: str | os.PathLike, lock_path: str | os.PathLike):
-        self.path = Path(path)
-        self.lock_path = Path(lock_path)
-
-    def read(self) -> list[dict]:
-        """The rows that parse (all values as strings), one per run_id: the latest row of a run_id wins."""
-        return self.read_checked()[0]
-
-    def read_checked(self) -> tuple[list[dict], list[BadRow]]:
-        """``(rows, bad)``: the rows that parse, one per run_id (the latest wins), and the rows that do not, with
-        the reason: a row cut short or with cells too many, a status other than ok/failed, a run_id that is not 12
-        hex digits, a checksum that does not match its cells (edited, or cut at a cell's boundary)."""
-        if not self.path.exists():
-            return [], []
-        rows, bad = {}, []
-        with open(self.path, newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None:
-                return [], []
-            if header[:len(REQUIRED_COLUMNS[:3])] != REQUIRED_COLUMNS[:3] or len(set(header)) != len(header):
-                raise ValueError(f"{self.path}: the first line is not a results.csv header (it must start with "
-                                 f"{REQUIRED_COLUMNS[:3]} and name each column once), got {header[:5]}...; restore "
-                                 f"the file (git checkout) or move it away")
-            end = reader.line_num  # the last line read so far
-            for cells in reader:
-                start, end = end + 1, reader.line_num  # a row may span lines (a quoted newline)
-                if not cells:
-                    continue
-                row = dict(zip(header, cells))
-                reason = self._problem(header, cells, row)
-                if reason:
-                    bad.append(BadRow(start, cells[0], reason))
-                else:
-                    rows[row["run_id"]] = row
-        return list(rows.values()), bad
-
-    @staticmethod
-    def _problem(header: list, cells: list, row: dict) -> str | None:
-        if len(cells) != len(header):
-            return f"it has {len(cells)} cells where the header has {len(header)} (cut short, or edited)"
-        if not RUN_ID.fullmatch(row["run_id"]):
-            return f"its run_id {row['run_id']!r} is not 12 hex digits"
-        if row["status"] not in ("ok", "failed"):
-            return f"its status {row['status']!r} is neither 'ok' nor 'failed'"
-        if CHECKSUM not in row or not row[CHECKSUM]:
-            return "it has no checksum (made by an older runner, or cut short)"
-        if row[CHECKSUM] != row_checksum(row):
-            return "its checksum does not match its cells (edited by hand, or cut short)"
-        return None
-
-    @contextlib.contextmanager
-    def _lock(self):
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    def add(self, row: dict, order: list[str] = ()) -> None:
-        """Replace (or add) the row of ``row["run_id"]``, with its checksum; rows are kept in ``order`` (run_ids),
-        others last. Rows that do not parse are dropped (the runner reported them and redoes their runs)."""
-        row = {key: _cell(value) for key, value in row.items() if key != CHECKSUM}
-        row[CHECKSUM] = row_checksum(row)
-        with self._lock():
-            rows = [r for r in self.read() if r["run_id"] != row["run_id"]] + [row]
-            self.write(rows, order)
-
-    def write(self, rows: list[dict], order: list[str] = ()) -> None:
-        """Write ``rows`` (each with its checksum) as the whole table, atomically; call under the lock."""
-        rank = {rid: i for i, rid in enumerate(order)}
-        rows = sorted(rows, key=lambda r: rank.get(r["run_id"], len(rank)))  # stable: unknown run_ids keep order
-        columns = list(REQUIRED_COLUMNS)
-        for r in rows:
-            columns += [key for key in r if key not in columns and key != CHECKSUM]
-        columns.append(CHECKSUM)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(partial, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, self.path)
-
-
-def trust(sweep: Sweep, run: Run, row: dict) -> str | None:
-    """None when ``row`` records exactly the study and configuration ``run`` has now; otherwise what differs."""
-    if not row.get("study") or not row.get("config"):
-        return "the row records no study and configuration (made before runs recorded them)"
-    if row["study"] != sweep.label:
-        return f"made by study {row['study']!r}, the sweep now runs {sweep.label!r}"
-    if row["config"] != canonical_config(run.config):
-        try:
-            recorded = json.loads(row["config"])
-        except ValueError:
-            return "its recorded configuration is not valid JSON"
-        return _config_difference(recorded, run.config)
-    return None
 
 
 # ------------------------------------------------------------------------------------------------------ runner
@@ -700,26 +255,9 @@ def device_problems(sweep: Sweep, runs: list[Run]) -> list[str]:
     return [f"runs ask for device {device!r}, but {problem}" for device, problem in problems if problem]
 
 
-def plan(sweep: Sweep, results: Results, runs: list[Run]) -> dict:
-    """What a rerun must do: ``{"finished": set of run_ids, "changed": [(run, what differs)], "bad": [BadRow]}``."""
-    rows, bad = results.read_checked()
-    by_id = {row["run_id"]: row for row in rows}
-    finished, changed = set(), []
-    for run in runs:
-        row = by_id.get(run.run_id)
-        if row is None or row["status"] != "ok":
-            continue
-        difference = trust(sweep, run, row)
-        if difference is None:
-            finished.add(run.run_id)
-        else:
-            changed.append((run, difference))
-    return {"finished": finished, "changed": changed, "bad": bad}
-
-
 def _changed_message(sweep: Sweep, csv_path: Path, changed: list, total: int) -> str:
     keys = list(sweep.grid)
-    shown = "\n".join(f"  run {run.run_id} ({_describe_parameters(run.parameters, keys)}): {difference}"
+    shown = "\n".join(f"  run {run.run_id} ({describe_parameters(run.parameters, keys)}): {difference}"
                       for run, difference in changed[:10])
     more = f"\n  ... and {len(changed) - 10} more" if len(changed) > 10 else ""
     return (f"{sweep.path}: {len(changed)} of {total} finished runs in {csv_path} were made with another study or "
@@ -765,7 +303,8 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
         changed = dict((run.run_id, difference) for run, difference in state["changed"])
         return [{"run_id": run.run_id, "sweep": sweep.name,
                  "status": "ok" if run.run_id in state["finished"] else "changed" if run.run_id in changed else "todo",
-                 "reason": changed.get(run.run_id, ""), **{k: _cell(v) for k, v in run.parameters.items()}}
+                 "reason": changed.get(run.run_id, ""),
+                 **{k: csv_cell(v) for k, v in run.parameters.items()}}
                 for run in runs]
 
     with _one_runner(out):
@@ -782,8 +321,7 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
             raise ValueError(f"{sweep.path}: {'; '.join(problems)}; run this sweep on a machine that has it, or "
                              f"change 'device' in the sweep file")
         if state["bad"]:  # never carried along: the table is written again without them now
-            with results._lock():
-                results.write(results.read(), order)
+            results.drop_bad_rows(order)
         _execute(sweep, todo, results, order, out, jobs, launcher, cluster, kernel, timeout_min, progress, executor)
     wanted = {run.run_id for run in runs}
     return [row for row in results.read() if row["run_id"] in wanted]
@@ -791,7 +329,9 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
 
 def _execute(sweep, todo, results, order, out, jobs, launcher, cluster, kernel, timeout_min, progress, executor):
     """Execute ``todo`` and record each run's row as it finishes."""
-    commit = _git_commit((sweep.notebook or Path(__file__)).parent)  # the code that runs: the notebook's checkout
+    from mha.experiments.machine import git_commit  # imported here (it imports torch): --help stays fast
+
+    commit = git_commit((sweep.notebook or Path(__file__)).parent) or ""  # the code that runs: the notebook's checkout
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
 

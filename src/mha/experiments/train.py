@@ -29,9 +29,10 @@ from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidg
 from mha._checks import check_choice, check_int, check_type
 from mha.experiments.config import PRECISIONS, TrainConfig
 from mha.experiments.io import save_json
-from mha.experiments.machine import device_name, resolve_device, seed_everything, synchronize
+from mha.experiments.machine import machine_info, resolve_device, seed_everything, synchronize
 from mha.experiments.model import TinyTransformer, TransformerConfig
 from mha.experiments.tasks import Task, accuracy
+from mha.experiments.timing import paired_times, summary
 
 __all__ = ["TrainConfig", "TrainResult", "Hook", "train", "get_lr", "configure_optimizer", "evaluate",
            "measure_decode_time", "autocast", "PRECISIONS"]  # TrainConfig and PRECISIONS: from mha.experiments.config
@@ -143,7 +144,8 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
         params: ``model.num_params()``; n_kv_heads, head_dim: the values the model resolved (None in the config
             means n_heads and d_model // n_heads); kv_cache_bytes: the KV cache of one sequence of block_size positions,
             all layers, at float32 (4 bytes), whatever device and dtype trained;
-        device (e.g. "cuda", "cpu"), device_name, torch_version, model_config, train_config, task (its config).
+        device (e.g. "cuda", "cpu"), device_name, torch_version (as :func:`mha.experiments.machine.machine_info`
+            records them), model_config, train_config, task (its config).
     With ``metrics_path`` the dict is also written there as JSON (:func:`mha.experiments.io.save_json`).
     """
     hooks = _check_train_arguments(model_config, task, train_config, hooks)
@@ -202,13 +204,14 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
     bar.close()
 
     final = history[-1]
+    machine = machine_info(device)
     result = TrainResult(
         history=history, val_loss=final["val_loss"], val_acc=final["val_acc"], train_loss=final["train_loss"],
         steps_done=steps_done, tokens_per_s=steps_done * cfg.batch_size * task.block_size / max(train_s, 1e-12),
         wall_s=time.perf_counter() - start,
         params=model.num_params(), n_kv_heads=model.n_kv_heads, head_dim=model.head_dim,
         kv_cache_bytes=model.kv_cache_bytes(1, model_config.block_size, dtype_bytes=4),
-        device=device.type, device_name=device_name(device), torch_version=torch.__version__,
+        device=machine["device"], device_name=machine["device_name"], torch_version=machine["torch_version"],
         model_config=asdict(model_config), train_config=asdict(cfg), task=task.config())
     result.model = model
     if metrics_path is not None:
@@ -218,20 +221,23 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
 
 @torch.no_grad()
 def measure_decode_time(model: TinyTransformer, prompt_len: int, new_tokens: int, batch_size: int = 1,
-                        repeats: int = 5, warmup: int = 1, seed: int = 0) -> float:
+                        repeats: int = 5, warmup: int = 1, seed: int = 0, clock=None) -> float:
     """Seconds per decoded token with the KV cache: the median over ``repeats`` of (decode time / new_tokens).
 
-    Each repeat prefills a random prompt of ``prompt_len`` tokens (not timed), then times ``new_tokens`` single-
-    token forward passes through the cache (greedy). ``prompt_len + new_tokens`` must fit in block_size (beyond it
-    :meth:`TinyTransformer.generate` recomputes instead of caching). ``warmup`` untimed repeats come first.
+    A random prompt of ``prompt_len`` tokens is prefilled once (not timed). Each decode sets the caches back to the
+    prompt and runs ``new_tokens`` single-token forward passes through them (greedy), the same tokens every time.
+    The decodes are timed by the package's one timer, :func:`mha.experiments.timing.paired_times` (one contender,
+    one decode per timing, CUDA synchronised around each): ``warmup`` (>= 1) untimed decodes, then ``repeats``
+    timed ones. ``clock``: the timer's clock (default ``time.perf_counter``; a
+    :class:`~mha.experiments.timing.ScriptedClock` in the tests). ``prompt_len + new_tokens`` must fit in block_size
+    (beyond it :meth:`TinyTransformer.generate` recomputes instead of caching).
 
     Book: part II, "Autoregressive decoding and the KV cache"; part III, "MHA, GQA and MQA in training".
     """
     block_size = model.config.block_size
     for name, value in (("prompt_len", prompt_len), ("new_tokens", new_tokens), ("batch_size", batch_size),
-                        ("repeats", repeats)):
+                        ("repeats", repeats), ("warmup", warmup)):
         check_int(name, value)
-    check_int("warmup", warmup, minimum=0)
     if prompt_len + new_tokens > block_size:
         raise ValueError(f"prompt_len + new_tokens ({prompt_len} + {new_tokens}) must be <= block_size "
                          f"({block_size}) so that every token is decoded through the cache")
@@ -240,17 +246,19 @@ def measure_decode_time(model: TinyTransformer, prompt_len: int, new_tokens: int
     prompt = torch.randint(model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device)
     was_training = model.training
     model.eval()
-    per_token = []
-    for repeat in range(warmup + repeats):
+    try:
         caches = model.make_kv_caches(batch_size, prompt_len + new_tokens)
-        logits, _, _ = model(prompt, kv_caches=caches)  # prefill, (N, prompt_len, vocab_size)
-        synchronize(device)
-        begin = time.perf_counter()
-        for _ in range(new_tokens):
-            next_id = logits[:, -1:, :].argmax(dim=-1)  # (N, 1)
-            logits, _, _ = model(next_id, kv_caches=caches)  # (N, 1, vocab_size)
-        synchronize(device)
-        if repeat >= warmup:
-            per_token.append((time.perf_counter() - begin) / new_tokens)
-    model.train(was_training)
-    return statistics.median(per_token)
+        prefill, _, _ = model(prompt, kv_caches=caches)  # (N, prompt_len, vocab_size), not timed
+
+        def decode():
+            for cache in caches:
+                cache.length = prompt_len  # back to the prompt: the positions after it are written again
+            logits = prefill
+            for _ in range(new_tokens):
+                next_id = logits[:, -1:, :].argmax(dim=-1)  # (N, 1)
+                logits, _, _ = model(next_id, kv_caches=caches)  # (N, 1, vocab_size)
+
+        timed = paired_times({"decode": decode}, repeats, warmup, device=device, clock=clock)
+    finally:
+        model.train(was_training)
+    return summary([seconds / new_tokens for seconds in timed["times"]["decode"]])["median"]

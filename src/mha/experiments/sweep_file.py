@@ -1,0 +1,319 @@
+"""A sweep file: read it, check it and every run it makes (:func:`load_sweep`), each run named by a stable hash.
+
+Book: part III (experiments); every chapter's sweeps are such files, ``experiments/<chapter>/<sweep>.yaml``.
+
+A sweep file (YAML)::
+
+    name: smoke                         # the results folder: <the sweep file's folder>/<name>/
+    study: train                        # a study of mha.experiments.studies: train, heads, dynamics, shakespeare
+    base: {task: two_offset, steps: 40} # settings shared by every run (the study configuration's flat names)
+    grid: {n_heads: [1, 4], seed: [0, 1]}   # runs: the cartesian product of these lists
+    jobs: 2                             # optional: runs in parallel when --jobs is not given (default 1)
+
+Every setting is a flat name of the study's configuration (:mod:`mha.experiments.config`): each run's configuration
+is made and checked once, when the file is loaded, so an unknown name, a wrong type or a bad value stops the sweep
+before any run starts (and a chapter that loads the same sweep again does not check it again). A key given twice in
+one mapping is refused (YAML readers usually keep the last one silently), and ``1e-3`` is a float.
+Instead of ``study``, a sweep may name any papermill ``notebook`` (relative to the sweep file or the repository
+root) whose parameters cell defines ``out_dir``; its parameters are then the notebook's.
+
+A run's ``run_id`` is a hash of its base + grid settings (:func:`run_id`), stable across reruns, key order and
+machines; its ``config`` is every setting it uses, defaults included, compared as canonical JSON
+(:func:`canonical_config`). The runner is :mod:`mha.experiments.sweep`; the table of results,
+:mod:`mha.experiments.results`.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from mha._checks import check_int
+
+if TYPE_CHECKING:
+    from mha.experiments.config import RunConfig
+
+__all__ = ["Sweep", "Run", "load_sweep", "run_id", "canonical_config", "config_difference", "command",
+           "describe_parameters", "RUNNER_PARAMETERS", "NOTEBOOKS"]
+
+RUNNER_PARAMETERS = ("out_dir", "artifacts_dir")  # set by the runner for every run, never by a sweep
+SWEEP_KEYS = {"name", "study", "notebook", "base", "grid", "jobs"}
+NOTEBOOKS = Path("experiments") / "notebooks"  # the studies' templates, relative to the repository root
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML SafeLoader that reads ``1e-3`` as a float (PyYAML's YAML 1.1 needs ``1.0e-3``) and refuses a key given
+    twice in one mapping (PyYAML keeps the last one silently)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _mapping_without_duplicates(loader, node):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"found key {key!r} a second time (first on line {seen[key].line + 1}); each key may appear once",
+                key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def run_id(parameters: dict) -> str:
+    """12 hex digits of the sha256 of the parameters as canonical JSON (sorted keys): same parameters, same id."""
+    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def canonical_config(config: dict) -> str:
+    """A configuration as canonical JSON (sorted keys, no spaces): the ``config`` column, compared as text."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str  # stable hash of ``parameters``
+    parameters: dict  # base + this grid point (what the sweep sets)
+    config: dict  # every setting the run uses, defaults included, flat (the row's columns; its ``config`` column)
+    study_config: RunConfig | None = None  # a study's run: its configuration, made and checked once, when the sweep
+    # was loaded, and handed as it is to the study's function (``--executor function``); None for a notebook sweep
+
+
+@dataclass
+class Sweep:
+    name: str  # the sweep's name (its results folder's name)
+    study: str | None  # the study (mha.experiments.studies), or None for a plain notebook sweep
+    notebook: Path | None  # the papermill template (a study's default, or the sweep's notebook)
+    base: dict  # parameters shared by every run
+    grid: dict  # parameter -> list of values; the runs are the cartesian product
+    defaults: dict  # a plain notebook's parameters and their default values ({} for a study)
+    path: Path  # the YAML file
+    jobs: int = 1  # runs in parallel unless the command line says otherwise
+    _runs: list = field(default_factory=list, repr=False)  # the runs, made and checked by load_sweep
+
+    def runs(self) -> list[Run]:
+        """Every grid point, in the grid's order (the last parameter varies fastest), with its configuration."""
+        return self._runs
+
+    @property
+    def label(self) -> str:
+        """What the ``study`` column records: the study's name, or ``notebook:<file name>`` for a notebook sweep."""
+        return self.study if self.study is not None else f"notebook:{self.notebook.name}"
+
+    def threads(self, run: Run) -> int:
+        """CPU threads of one run (the setting ``threads``; default 1)."""
+        return run.config.get("threads", 1)
+
+    def command(self) -> str:
+        """The command that (re)makes this sweep's results (:func:`command`)."""
+        return command(self.path, self.jobs)
+
+
+def command(sweep_file: str | os.PathLike, jobs: int = 1, root: str | os.PathLike | None = None) -> str:
+    """The command that (re)makes a sweep's results: ``python -m mha.sweep <sweep file> [--jobs N]``, the file
+    relative to ``root`` (default: the repository holding it, when there is one), from where the command runs.
+    ``jobs``: the sweep file's (runs in parallel; the wall-time sweeps leave it at 1, one run at a time)."""
+    path = Path(sweep_file).resolve()
+    root = _repo_root(path.parent) if root is None else Path(root).resolve()
+    shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
+    return f"python -m mha.sweep {shown}" + (f" --jobs {jobs}" if jobs > 1 else "")
+
+
+def _repo_root(start: Path) -> Path | None:
+    """The nearest ancestor of ``start`` (itself included) holding ``.git``, or None."""
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def _notebook_defaults(notebook: Path) -> dict:
+    """The notebook's papermill parameters and their default values (literal values parsed, others as text)."""
+    import papermill  # imported here: ``python -m mha.sweep --help`` stays fast
+
+    defaults = {}
+    for name, info in papermill.inspect_notebook(str(notebook)).items():
+        try:
+            defaults[name] = ast.literal_eval(info["default"])
+        except (ValueError, SyntaxError):
+            defaults[name] = info["default"]
+    return defaults
+
+
+def _find(path: Path, relative: str) -> Path | None:
+    """``relative`` beside the sweep file, or under the repository root."""
+    candidates = [path.parent / relative]
+    root = _repo_root(path.parent)
+    if root is not None:
+        candidates.append(root / relative)
+    return next((c.resolve() for c in candidates if c.is_file()), None)
+
+
+def _study_notebook(path: Path, study: str) -> Path | None:
+    """The study's template: under the sweep file's repository, else under the checkout the package runs from."""
+    package_checkout = Path(__file__).resolve().parents[3]  # src/mha/experiments/sweep_file.py -> the checkout
+    for root in (_repo_root(path.parent), package_checkout):
+        if root is not None and (root / NOTEBOOKS / f"{study}.ipynb").is_file():
+            return (root / NOTEBOOKS / f"{study}.ipynb").resolve()
+    return None
+
+
+def _read_yaml(path: Path):
+    """The sweep file's content; a YAML error names the file, the line and the column (as a ValueError)."""
+    with open(path) as stream:  # a named stream: PyYAML's messages then say 'in "<path>", line L, column C'
+        try:
+            return yaml.load(stream, Loader=_Loader)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path} is not a valid sweep file:\n{error}") from None
+
+
+def load_sweep(config_path: str | os.PathLike) -> Sweep:
+    """Read and check a sweep file and every run it makes; an error names the file, the key and the run."""
+    path = Path(config_path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} does not exist")
+    spec = _read_yaml(path)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: a sweep file is a mapping with keys {sorted(SWEEP_KEYS)}, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - SWEEP_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; expected {sorted(SWEEP_KEYS)}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"{path}: 'name' names the results folder: a string of letters, digits, '_', '.' and '-' "
+                         f"that starts with a letter or a digit, got {name!r}")
+    base, grid = spec.get("base") or {}, spec.get("grid") or {}
+    if not isinstance(base, dict):
+        raise ValueError(f"{path}: 'base' must be a mapping parameter -> value, got {type(base).__name__}")
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ValueError(f"{path}: 'grid' must be a mapping parameter -> non-empty list of values, got {grid!r}")
+    both = sorted(set(base) & set(grid))
+    if both:
+        raise ValueError(f"{path}: parameters {both} are in both 'base' and 'grid'; keep each in one place")
+    for key in RUNNER_PARAMETERS:
+        if key in base or key in grid:
+            raise ValueError(f"{path}: '{key}' is set by the runner for each run; remove it from the sweep file")
+
+    jobs = check_int(f"{path}: jobs", spec.get("jobs", 1))
+    study, notebook = spec.get("study"), spec.get("notebook")
+    if (study is None) == (notebook is None):
+        raise ValueError(f"{path}: give either 'study' (one of the package's studies) or 'notebook' (a papermill "
+                         f"notebook), not {'both' if study else 'neither'}")
+    if study is not None:
+        from mha.experiments.studies import STUDIES
+
+        if study not in STUDIES:
+            raise ValueError(f"{path}: study must be one of {sorted(STUDIES)}, got {study!r}")
+        sweep = Sweep(name, study, _study_notebook(path, study), base, grid, {}, path, jobs)
+    else:
+        if not isinstance(notebook, str):
+            raise ValueError(f"{path}: 'notebook' must be a path (relative to the sweep file or the repository root)")
+        found = _find(path, notebook)
+        if found is None:
+            raise ValueError(f"{path}: notebook {notebook!r} not found beside the sweep file or under the repository "
+                             f"root")
+        defaults = _notebook_defaults(found)
+        if "out_dir" not in defaults:
+            raise ValueError(f"{found}: its parameters cell (tagged 'parameters') must define out_dir")
+        unknown = sorted((set(base) | set(grid)) - set(defaults))
+        if unknown:
+            raise ValueError(f"{path}: parameters {unknown} are not parameters of {found.name}; its parameters are "
+                             f"{sorted(defaults)}")
+        sweep = Sweep(name, None, found, base, grid, defaults, path, jobs)
+    _check_runs(sweep)
+    return sweep
+
+
+def _check_runs(sweep: Sweep) -> None:
+    """Make every run and check its settings now, not when the run starts; two grid points that make the same run
+    (a value listed twice, or 1 and 1.0) are refused."""
+    keys, points = list(sweep.grid), itertools.product(*sweep.grid.values())
+    seen = {}
+    runs = []
+    for values in points:
+        parameters = {**sweep.base, **dict(zip(keys, values))}
+        try:
+            study_config, config = _resolve(sweep, parameters)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{sweep.path}: run {run_id(parameters)} ({describe_parameters(parameters, keys)}): "
+                              f"{error}") from None
+        text = canonical_config(config)
+        if text in seen:
+            raise ValueError(f"{sweep.path}: the grid points ({describe_parameters(seen[text], keys)}) and "
+                             f"({describe_parameters(parameters, keys)}) make the same run; list each value once")
+        seen[text] = parameters
+        runs.append(Run(run_id(parameters), parameters, config, study_config))
+    sweep._runs = runs
+
+
+def _resolve(sweep: Sweep, parameters: dict) -> tuple:
+    """``(study_config, config)``: a study's run's configuration (None for a notebook sweep) and every setting of the
+    run with its value, flat (the default where the sweep sets none)."""
+    if sweep.study is None:
+        effective = {**sweep.defaults, **parameters}
+        for name in RUNNER_PARAMETERS:
+            effective.pop(name, None)
+        return None, effective
+    from mha.experiments.studies import STUDIES
+
+    study_config = _study_config(STUDIES[sweep.study].config, parameters)
+    return study_config, study_config.to_dict()
+
+
+_STUDY_CONFIGS = {}  # (configuration class, parameters as JSON) -> the configuration: see _study_config
+
+
+def _study_config(cls: type, parameters: dict):
+    """``cls.from_dict(parameters)``, made and checked once per process for the same class and parameters: a
+    chapter that loads a sweep (or its results) several times checks its runs once. A configuration is frozen, and
+    depends on nothing but the class and the parameters; parameters that JSON cannot write are not cached."""
+    try:
+        key = (cls, json.dumps(parameters, sort_keys=True))
+    except (TypeError, ValueError):
+        return cls.from_dict(parameters)
+    if key not in _STUDY_CONFIGS:
+        _STUDY_CONFIGS[key] = cls.from_dict(parameters)
+    return _STUDY_CONFIGS[key]
+
+
+def describe_parameters(parameters: dict, keys) -> str:
+    """A run's grid values, ``key=value, ...`` (``keys``: the grid's names), for messages that name a run."""
+    return ", ".join(f"{k}={parameters[k]!r}" for k in keys) or "base"
+
+
+def config_difference(recorded, now: dict) -> str:
+    """The settings whose values differ between a recorded configuration and the current one, in words."""
+    if not isinstance(recorded, dict):
+        return "no configuration recorded"
+    changes = []
+    for key in sorted(set(recorded) | set(now)):
+        if key not in now:
+            changes.append(f"{key} = {recorded[key]!r} is no longer a setting")
+        elif key not in recorded:
+            changes.append(f"{key} is a new setting (now {now[key]!r})")
+        elif canonical_config(recorded[key]) != canonical_config(now[key]):
+            changes.append(f"{key}: {recorded[key]!r} then, {now[key]!r} now")
+    return "; ".join(changes) or "the same settings"
+
