@@ -1,5 +1,6 @@
 """Tests for mha.counting against torch: parameter numel, FlopCounterMode, tensor nbytes."""
 
+import inspect
 import math
 
 import pytest
@@ -243,7 +244,7 @@ def test_attention_matrix_bytes_matches_weights_nbytes(dtype, batch, L_q, L_kv, 
         pytest.param(lambda: C.param_count(10, 4, head_dim=0), ValueError, r"head_dim .* got 0", id="hd0"),
         pytest.param(lambda: C.param_count(8, 2, bias=1), TypeError, r"bias must be True or False, got 1", id="bias"),
         pytest.param(lambda: C.flops(0, 1, 1, 8, 2), ValueError, r"batch must be an integer >= 1, got 0", id="N"),
-        pytest.param(lambda: C.flops(1, -3, 1, 8, 2), ValueError, r"seq_len_q .* got -3", id="Lq"),
+        pytest.param(lambda: C.flops(1, -3, 1, 8, 2), ValueError, r"l_q must be an integer >= 1, got -3", id="Lq"),
         pytest.param(lambda: C.matmul_flops(1, 1, 1, 8, 2, 3), ValueError, r"n_heads \(2\) must be divisible by n_kv_heads \(3\)", id="mm_g"),
         pytest.param(lambda: C.decode_step_flops(1, -1, 8, 2), ValueError,
                      r"cache_len must be an integer >= 0, got -1", id="cache-1"),
@@ -254,9 +255,14 @@ def test_attention_matrix_bytes_matches_weights_nbytes(dtype, batch, L_q, L_kv, 
         pytest.param(lambda: C.kv_cache_bytes(1, 1, 1, 1, 1, 0), ValueError, r"dtype_bytes .* got 0", id="bytes"),
         pytest.param(lambda: C.kv_cache_bytes(1, "4", 1, 1, 1, 2), TypeError, r"seq_len .* got '4'", id="Lstr"),
         pytest.param(lambda: C.attention_matrix_bytes(1, 1, 1, 0, 4), ValueError, r"n_heads .* got 0", id="am_h"),
+        pytest.param(lambda: C.attention_matrix_bytes(1, 1, 0, 2, 4), ValueError,
+                     r"l_kv must be an integer >= 1, got 0", id="am_Lkv"),
+        pytest.param(lambda: C.matmul_flops(1, 1, 1.5, 8, 2), TypeError, r"l_kv .* got 1\.5 of type float",
+                     id="mm_Lkv"),
         pytest.param(lambda: C.attention_core_flops(1, 1, 1, 0, 4), ValueError, r"n_heads .* got 0", id="core_h"),
         pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4.0), TypeError, r"head_dim .* got 4\.0", id="core_hd"),
-        pytest.param(lambda: C.attention_core_flops(1, 0, 1, 2, 4), ValueError, r"seq_len_q .* got 0", id="core_L"),
+        pytest.param(lambda: C.attention_core_flops(1, 0, 1, 2, 4), ValueError, r"l_q must be an integer >= 1, got 0",
+                     id="core_L"),
         pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4, is_causal=1), TypeError,
                      r"is_causal must be True or False", id="core_causal"),
         pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4, backward="yes"), TypeError,
@@ -266,3 +272,34 @@ def test_attention_matrix_bytes_matches_weights_nbytes(dtype, batch, L_q, L_kv, 
 def test_counting_argument_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+LENGTH_FUNCTIONS = [  # (function, its arguments after batch, l_q, l_kv)
+    (C.flops, dict(d_model=16, n_heads=4, n_kv_heads=2)),
+    (C.matmul_flops, dict(d_model=16, n_heads=4)),
+    (C.attention_core_flops, dict(n_heads=4, head_dim=8, is_causal=True)),
+    (C.attention_matrix_bytes, dict(n_heads=4, dtype_bytes=2)),
+]
+
+
+@pytest.mark.parametrize("fn,rest", LENGTH_FUNCTIONS, ids=lambda x: getattr(x, "__name__", ""))
+def test_lengths_are_l_q_and_l_kv(fn, rest):
+    """The lengths are called l_q and l_kv, as everywhere in the package (the book's L_q, L_kv)."""
+    assert list(inspect.signature(fn).parameters)[:3] == ["batch", "l_q", "l_kv"]
+    assert fn(batch=2, l_q=5, l_kv=7, **rest) == fn(2, 5, 7, *rest.values())
+
+
+@pytest.mark.parametrize("fn,rest", LENGTH_FUNCTIONS, ids=lambda x: getattr(x, "__name__", ""))
+def test_old_length_keywords_work_for_one_release_with_a_deprecation_warning(fn, rest):
+    """seq_len_q / seq_len_kv (the book called flops with them) still work, warn at the caller, and clash with the
+    new names."""
+    with pytest.warns(DeprecationWarning) as record:
+        old = fn(batch=2, seq_len_q=5, seq_len_kv=7, **rest)
+    assert old == fn(batch=2, l_q=5, l_kv=7, **rest)
+    assert [str(w.message) for w in record] == [
+        f"{fn.__name__}(): the keyword 'seq_len_q' is now 'l_q'; 'seq_len_q' will be removed in the next release",
+        f"{fn.__name__}(): the keyword 'seq_len_kv' is now 'l_kv'; 'seq_len_kv' will be removed in the next release",
+    ]
+    assert all(w.filename == __file__ for w in record)  # points at the call, not at mha.counting
+    with pytest.raises(TypeError, match=rf"{fn.__name__}\(\) got both 'l_q' and its old name 'seq_len_q'"):
+        fn(batch=2, l_q=5, seq_len_q=5, l_kv=7, **rest)

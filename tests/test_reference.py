@@ -6,6 +6,7 @@ torch.softmax, and properties (permutation equivariance, causality, fully masked
 """
 
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -632,3 +633,17 @@ def test_init_params_shapes():
         "b_q": (30,), "b_k": (10,), "b_v": (10,), "b_o": (12,),
     }
     assert set(R.init_params(8, 2, bias=False)) == {"W_q", "W_k", "W_v", "W_o"}
+
+
+def test_the_package_keeps_the_public_api_of_the_single_module():
+    """mha.reference is a package whose modules follow the book; what it exports is what the one module exported."""
+    assert R.__all__ == [
+        "softmax", "softmax_backward", "scaled_dot_product_attention", "scaled_dot_product_attention_grad",
+        "multi_head_attention", "multi_head_attention_per_head", "multi_head_attention_grad",
+        "online_softmax_attention", "split_heads", "merge_heads", "repeat_kv", "causal_mask", "head_weights",
+        "check_params", "Dims", "init_params",
+    ]
+    for name in R.__all__:
+        obj = getattr(R, name)
+        assert obj.__module__.startswith("mha.reference."), name
+        assert getattr(sys.modules[obj.__module__], name) is obj  # R.name is the function the module defines

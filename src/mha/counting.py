@@ -1,7 +1,7 @@
 """Exact parameter, FLOP and memory counts for one multi-head attention layer.
 
-Symbols: N = batch, L_q / L_kv = query / key-value sequence lengths, d = d_model, h = n_heads,
-g = n_kv_heads (defaults to h), hd = head_dim (defaults to d / h). Every function validates its arguments
+Symbols: N = batch, L_q / L_kv = query / key-value sequence lengths (the arguments ``l_q``, ``l_kv``), d = d_model,
+h = n_heads, g = n_kv_heads (defaults to h), hd = head_dim (defaults to d / h). Every function validates its arguments
 (positive integers; g divides h; h divides d when head_dim is None) and raises TypeError/ValueError naming the
 argument otherwise.
 
@@ -10,6 +10,9 @@ Book: part II, 'Counting everything' (and 'Autoregressive decoding and the KV ca
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 from mha._checks import check_bool, check_int, head_shape
 
@@ -49,7 +52,7 @@ class FlopCount(dict):
             raise AttributeError(key) from None
 
 
-def flops(batch, seq_len_q, seq_len_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
+def flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
     """FLOPs of one forward pass of the naive (materialised) attention layer, by step.
 
     Returns a ``FlopCount`` (a dict, also readable as attributes) with keys:
@@ -72,7 +75,7 @@ def flops(batch, seq_len_q, seq_len_kv, d_model, n_heads, n_kv_heads=None, head_
     Book: part II, 'Counting everything'.
     """
     N = check_int("batch", batch)
-    L_q, L_kv = check_int("seq_len_q", seq_len_q), check_int("seq_len_kv", seq_len_kv)
+    L_q, L_kv = check_int("l_q", l_q), check_int("l_kv", l_kv)
     d, h, g, hd = head_shape(d_model, n_heads, n_kv_heads, head_dim)
     return _count(N, L_q, L_kv, L_kv, d, h, g, hd)
 
@@ -96,12 +99,12 @@ def _count(N, L_q, L_new_kv, L_kv, d, h, g, hd):
     return count
 
 
-def matmul_flops(batch, seq_len_q, seq_len_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
+def matmul_flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
     """Matmul FLOPs only (= ``flops(...)['matmul_total']``): what ``FlopCounterMode`` counts for the naive form."""
-    return flops(batch, seq_len_q, seq_len_kv, d_model, n_heads, n_kv_heads, head_dim)["matmul_total"]
+    return flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads, head_dim)["matmul_total"]
 
 
-def attention_core_flops(batch, seq_len_q, seq_len_kv, n_heads, head_dim, is_causal=False, backward=False):
+def attention_core_flops(batch, l_q, l_kv, n_heads, head_dim, is_causal=False, backward=False):
     """FLOPs of the attention core alone, ``softmax(scale q k^T) v`` on (N, h, L, hd) heads, by the convention
     FlashAttention benchmarks convert to TFLOP/s: its two matrix products, no projections, no softmax.
 
@@ -115,9 +118,9 @@ def attention_core_flops(batch, seq_len_q, seq_len_kv, n_heads, head_dim, is_cau
     Book: part II, 'Counting everything'; 'From the recurrence to a kernel' (the kernel benchmark's TFLOP/s).
     """
     n_heads, head_dim = check_int("n_heads", n_heads), check_int("head_dim", head_dim)
-    count = flops(batch, seq_len_q, seq_len_kv, n_heads * head_dim, n_heads, head_dim=head_dim)
+    count = flops(batch, l_q, l_kv, n_heads * head_dim, n_heads, head_dim=head_dim)
     forward = count["qk"] + count["av"]
-    if check_bool("is_causal", is_causal) and seq_len_q == seq_len_kv:
+    if check_bool("is_causal", is_causal) and l_q == l_kv:
         forward //= 2  # 4 N h L^2 hd is even
     return forward * 7 // 2 if check_bool("backward", backward) else forward
 
@@ -161,7 +164,7 @@ def kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
     return 2 * N * L * layers * g * hd * nbytes
 
 
-def attention_matrix_bytes(batch, seq_len_q, seq_len_kv, n_heads, dtype_bytes):
+def attention_matrix_bytes(batch, l_q, l_kv, n_heads, dtype_bytes):
     """Bytes of one materialised score (or weights) tensor: ``batch * n_heads * L_q * L_kv * dtype_bytes``.
 
     One tensor of shape (N, h, L_q, L_kv); the naive form holds scores and weights (x2 at peak, not included).
@@ -169,7 +172,33 @@ def attention_matrix_bytes(batch, seq_len_q, seq_len_kv, n_heads, dtype_bytes):
 
     Book: part II, 'Counting everything' and 'Exact attention without the L × L matrix (online softmax)'.
     """
-    names = ("batch", "seq_len_q", "seq_len_kv", "n_heads", "dtype_bytes")
-    values = (batch, seq_len_q, seq_len_kv, n_heads, dtype_bytes)
+    names = ("batch", "l_q", "l_kv", "n_heads", "dtype_bytes")
+    values = (batch, l_q, l_kv, n_heads, dtype_bytes)
     N, L_q, L_kv, h, nbytes = (check_int(n, v) for n, v in zip(names, values))
     return N * h * L_q * L_kv * nbytes
+
+
+# The old keyword names, accepted for one release with a DeprecationWarning (the book called flops(seq_len_q=...,
+# seq_len_kv=...)): seq_len_q -> l_q, seq_len_kv -> l_kv. Remove this block in the next release.
+_OLD_KEYWORDS = {"seq_len_q": "l_q", "seq_len_kv": "l_kv"}
+
+
+def _accept_old_keywords(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for old, new in _OLD_KEYWORDS.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both {new!r} and its old name {old!r}")
+                warnings.warn(f"{fn.__name__}(): the keyword {old!r} is now {new!r}; {old!r} will be removed in the "
+                              "next release", DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+flops = _accept_old_keywords(flops)
+matmul_flops = _accept_old_keywords(matmul_flops)
+attention_core_flops = _accept_old_keywords(attention_core_flops)
+attention_matrix_bytes = _accept_old_keywords(attention_matrix_bytes)

@@ -3,6 +3,9 @@
 the ``no_compute`` fixture makes the projection and score helpers fail loudly if they are reached.
 """
 
+import importlib
+import pkgutil
+
 import numpy as np
 import pytest
 
@@ -169,20 +172,49 @@ CASES = [
 ]
 
 
+COMPUTE_HELPERS = ("_linear", "_scores", "_masked_softmax")  # the arithmetic the functions reach first
+
+
+def reference_modules():
+    """The modules of the package mha.reference (checks, masks, scaled_dot_product, multi_head, ...)."""
+    return [importlib.import_module(f"{R.__name__}.{info.name}") for info in pkgutil.iter_modules(R.__path__)]
+
+
 @pytest.fixture
 def no_compute(monkeypatch):
-    """Make any arithmetic helper fail: an input error must be raised before it is reached."""
+    """Make any arithmetic helper fail: an input error must be raised before it is reached.
+
+    A function finds a helper in the globals of its own module, so each helper is replaced in every module of the
+    package that holds it (the one defining it and those importing it), not in ``mha.reference`` itself."""
 
     def reached(*args, **kwargs):
         raise AssertionError("computation started before the input was checked")
 
-    for name in ("_linear", "_scores", "_masked_softmax"):
-        monkeypatch.setattr(R, name, reached)
+    for name in COMPUTE_HELPERS:
+        holders = [module for module in reference_modules() if name in vars(module)]
+        assert holders, f"no module of mha.reference defines {name}"
+        for module in holders:
+            monkeypatch.setattr(module, name, reached)
 
 
 @pytest.mark.parametrize("call,exc,match", CASES + test_promises_reference.CASES)
 def test_bad_input_raises_clear_error_before_computing(no_compute, call, exc, match):
     with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda: R.softmax(np.ones((2, 3))), id="softmax"),
+    pytest.param(lambda: R.scaled_dot_product_attention(Q, K, V), id="sdpa"),
+    pytest.param(lambda: R.scaled_dot_product_attention_grad(Q, K, V, np.ones((3, 6))), id="sdpa-grad"),
+    pytest.param(lambda: R.online_softmax_attention(Q, K, V, 2), id="online"),
+    pytest.param(lambda: mha(), id="mha"),
+    pytest.param(lambda: R.multi_head_attention_per_head(X, None, P, H), id="mha-per-head"),
+    pytest.param(lambda: R.multi_head_attention_grad(X, None, P, H, X), id="mha-grad"),
+])
+def test_no_compute_stops_every_function_on_valid_input(no_compute, call):
+    """The fixture takes effect inside each function, so the test above would see a computation before a check."""
+    with pytest.raises(AssertionError, match="computation started before the input was checked"):
         call()
 
 
