@@ -1,7 +1,8 @@
 # Multi-Head Attention, Derived. The README's two commands:
 #   make book   creates .venv, installs everything (the exact versions of requirements/lock-py311.txt), builds the HTML
 #               book into _build/html
-#   make test   same environment; runs the whole test suite (unit tests, every notebook, the book build, a browser check)
+#   make test   same environment; runs the whole test suite (every notebook with nbval, then the unit tests, the book
+#               build, reusing what nbval executed, and a browser check)
 #   make lock   regenerates requirements/lock-py311.txt from pyproject.toml's ranges (keeping its pins where they
 #               still fit; `make lock LOCK_ARGS=--upgrade` or `LOCK_ARGS="--upgrade-package torch"` to move them)
 SHELL := /bin/bash
@@ -65,9 +66,19 @@ translations: install
 	$(BIN)/python tools/i18n.py extract
 	$(BIN)/python tools/i18n.py update
 
-# The test workers run side by side (-n $(JOBS)), so each keeps to one torch thread.
+# The test workers run side by side (-n $(JOBS)), so each keeps to one torch thread. Two passes, so that each chapter
+# is executed once: first nbval runs the book's pages (every cell must run without error), and writes each page that
+# passed into the build's execution cache (conftest.py); then the unit tests, the experiment templates and the book
+# tests, whose build (-W) reuses those executions: MHA_NBVAL_RUN marks this run's records, and the build keeps only
+# them (tests/test_book_site.py), executing itself any page nbval did not pass. Both passes always run; exit status 5
+# (nothing selected, e.g. by PYTEST_ARGS=-k ...) counts as success.
 test: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests book experiments --nbval-lax -n $(JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	export OMP_NUM_THREADS=1 MHA_NBVAL_RUN="$$(date +%s)-$$$$"; \
+	$(BIN)/python -m pytest book --nbval-lax -n $(JOBS) --dist loadfile $(PYTEST_ARGS); pages=$$?; \
+	$(BIN)/python -m pytest tests experiments --nbval-lax -n $(JOBS) --dist loadfile --no-loadscope-reorder \
+	    $(PYTEST_ARGS); rest=$$?; \
+	for rc in $$pages $$rest; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || { echo "make test: failed (the book's \
+	notebooks: exit $$pages; the other tests: exit $$rest)"; exit 1; }; done
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not book" -n $(JOBS) $(PYTEST_ARGS)

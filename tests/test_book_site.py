@@ -1,9 +1,15 @@
 """The book builds with warnings as errors, and every page renders offline in headless Chromium.
 
-The build is `jupyter-book build . -W -n --keep-going` (the Makefile's `make book`): with `execute_notebooks: cache`
-it executes every chapter that changed. The browser check serves `_build/html` on 127.0.0.1, blocks every request
-to any other host (so nothing may come from a CDN), and loads each page: display math typeset by MathJax, every
-mermaid block an SVG, every image loaded, every relative link (and its #fragment) resolving, no JavaScript error.
+The build is `jupyter-book build . --all -W -n --keep-going` (`make book`'s build, with every page read afresh):
+with `execute_notebooks: cache` it executes every chapter it finds no current record of in the execution cache
+(`_build/.jupyter_cache`). `make test` runs the notebooks with nbval first, which writes each page that passed into
+that cache (the root conftest.py), and exports MHA_NBVAL_RUN: the build then keeps only that run's records, so it
+executes only what nbval did not pass (and fails on it), and every output it shows was computed in this run. Run
+alone, the build keeps only records newer than every file of the package (src/mha) and than their page.
+
+The browser check serves `_build/html` on 127.0.0.1, blocks every request to any other host (so nothing may come
+from a CDN), and loads each page: display math typeset by MathJax, every mermaid block an SVG, every image loaded,
+every relative link (and its #fragment) resolving, no JavaScript error.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from datetime import timezone
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -36,10 +43,15 @@ pytestmark = pytest.mark.book
 
 @pytest.fixture(scope="module")
 def build():
-    """Build the book once for this module, both editions (as `make book` does); return the two build logs."""
+    """Build the book once for this module, both editions (as `make book` does, but with every page read afresh: an
+    incremental build re-reads only the pages whose source changed, so it would show an unchanged page's old outputs
+    though the cache holds this run's, and would not repeat its warnings); return the two build logs."""
+    _drop_stale_executions()
+    _BUILD["handed_over"] = _handed_over()
+    shutil.rmtree(ROOT / "_build" / "doctrees-zh", ignore_errors=True)  # the Chinese edition's environment: afresh
     jb = Path(sys.executable).with_name("jupyter-book")
     proc = subprocess.run(
-        [str(jb), "build", ".", "-W", "-n", "--keep-going"],
+        [str(jb), "build", ".", "--all", "-W", "-n", "--keep-going"],
         cwd=ROOT, capture_output=True, text=True, timeout=1200,
     )
     log = proc.stdout + proc.stderr
@@ -49,6 +61,57 @@ def build():
     zh_log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"Chinese edition build failed (exit {proc.returncode}):\n{zh_log[-6000:]}"
     return log + "\n" + zh_log
+
+
+def _drop_stale_executions():
+    """Remove from the execution cache every executed page this build must not reuse. Under `make test`
+    (MHA_NBVAL_RUN set), every record but those nbval wrote in this run: the build executes the rest itself. Otherwise,
+    every record older than a file of the package or than its page (the cache's key is the page's code cells alone:
+    a change to the package, or to the prose a page reads, would not miss it)."""
+    from jupyter_cache import get_cache
+
+    folder = ROOT / "_build" / ".jupyter_cache"
+    if not folder.is_dir():
+        return
+    run = os.environ.get("MHA_NBVAL_RUN")
+    package = [p for p in (ROOT / "src" / "mha").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    newest = max((p.stat().st_mtime for p in package), default=0.0)
+    cache = get_cache(str(folder))
+    for record in cache.list_cache_records():
+        if run:
+            stale = (record.data or {}).get("nbval_run") != run
+        else:
+            created = record.created.replace(tzinfo=record.created.tzinfo or timezone.utc).timestamp()
+            page = Path(record.uri)
+            stale = created < newest or (page.is_file() and created < page.stat().st_mtime)
+        if stale:
+            cache.remove_cache(record.pk)
+
+
+_BUILD: dict = {}  # what the build fixture found before building
+
+
+def _handed_over() -> set[Path]:
+    """The pages whose execution nbval handed to this build (`make test`: this run's records in the cache)."""
+    from jupyter_cache import get_cache
+
+    folder = ROOT / "_build" / ".jupyter_cache"
+    run = os.environ.get("MHA_NBVAL_RUN")
+    if not run or not folder.is_dir():
+        return set()
+    return {Path(r.uri) for r in get_cache(str(folder)).list_cache_records() if (r.data or {}).get("nbval_run") == run}
+
+
+def test_the_build_executes_no_page_nbval_ran(build):
+    """Issue 23: under `make test`, every page nbval passed is rendered from nbval's run, not executed again (a page
+    whose front matter forces execution, mystnb execution_mode: force, excepted). If this fails, the build no longer
+    finds nbval's records under its own key (conftest.py computes it as myst-nb reads a page)."""
+    if not _BUILD["handed_over"]:
+        pytest.skip("no page was handed over: only under `make test`, which runs the notebooks with nbval first")
+    executed = {Path(m[1]) for m in re.finditer(r"^(\S+\.md): Executing notebook", build, re.M)}
+    again = sorted(str(p.relative_to(ROOT)) for p in executed & _BUILD["handed_over"]
+                   if not re.search(r"^\s*execution_mode:\s*force", p.read_text().split("\n---", 1)[0], re.M))
+    assert not again, f"the build executed again pages nbval had run and passed: {again}"
 
 
 def test_book_builds_with_zero_warnings(build):
