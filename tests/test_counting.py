@@ -204,6 +204,69 @@ def test_attention_core_flops_causal_convention_by_hand():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# RoPE (issue 24): an elementwise step, 3 FLOPs per rotated coordinate.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_rope_flops_by_hand_and_nothing_else_changes():
+    # N = 2, L_q = 3, L_kv = 5, d = 8, h = 4, g = 2, hd = 2: 2*3*4 = 24 query vectors, 2*5*2 = 20 key vectors (one per
+    # kv head: GQA rotates a shared key once), 3 * hd = 6 FLOPs each (per pair 4 multiplies + 2 adds).
+    plain, rotated = C.flops(2, 3, 5, 8, 4, 2), C.flops(2, 3, 5, 8, 4, 2, rope=True)
+    assert "rope" not in plain and rotated["rope"] == 6 * (24 + 20) == 264
+    assert rotated["total"] == plain["total"] + 264 and rotated["matmul_total"] == plain["matmul_total"]
+    assert {key: value for key, value in rotated.items() if key not in ("rope", "total")} == \
+        {key: value for key, value in plain.items() if key != "total"}
+    assert C.flops(2, 3, 5, 8, 4, 2, rope=False) == plain
+    # One decoding step rotates the new token's query (h heads) and key (g heads) only: 3 hd N (h + g).
+    step = C.decode_step_flops(2, 9, 8, 4, 2, rope=True)
+    assert step["rope"] == 3 * 2 * 2 * (4 + 2) == 72
+    assert step["total"] == C.decode_step_flops(2, 9, 8, 4, 2)["total"] + 72
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_rope_flops_of_a_prefix_are_those_of_its_decoding_steps(n_kv_heads):
+    """Each position is rotated once whether it comes in the prefix or one decoding step at a time."""
+    for L in (1, 7, 64):
+        full = C.flops(1, L, L, 16, 4, n_kv_heads, rope=True)["rope"]
+        assert full == sum(C.decode_step_flops(1, c, 16, 4, n_kv_heads, rope=True)["rope"] for c in range(L))
+
+
+def test_rope_flops_count_the_reference_formula():
+    """The count is the formula mha.reference.rope evaluates: per pair a cos - b sin and a sin + b cos, counted
+    here by evaluating it on Python floats that count their own multiplications and additions."""
+    import numpy as np
+
+    from mha import reference as R
+
+    class Counted(float):
+        """A float counting every multiplication, addition and subtraction it takes part in."""
+
+        ops = 0
+
+        def _op(self, other, fn):
+            Counted.ops += 1
+            return Counted(fn(float(self), float(other)))
+
+        def __mul__(self, other):
+            return self._op(other, float.__mul__)
+
+        def __add__(self, other):
+            return self._op(other, float.__add__)
+
+        def __sub__(self, other):
+            return self._op(other, float.__sub__)
+
+    hd, angles = 8, R.rope_frequencies(8) * 5  # one vector at position 5
+    x = np.random.default_rng(0).standard_normal(hd)
+    out = []
+    for i in range(hd // 2):
+        a, b, c, s = Counted(x[i]), Counted(x[i + hd // 2]), Counted(np.cos(angles[i])), Counted(np.sin(angles[i]))
+        out.append((a * c - b * s, a * s + b * c))
+    np.testing.assert_allclose([p[0] for p in out] + [p[1] for p in out], R.rope(x[None], [5])[0], rtol=1e-15)
+    assert Counted.ops == C.ROPE_FLOPS_PER_COORDINATE * hd == C.flops(1, 1, 1, hd, 1, rope=True)["rope"] // 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Memory.
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -217,6 +280,38 @@ def test_kv_cache_bytes_matches_tensor_nbytes(dtype, batch, seq_len, n_layers, n
               torch.empty(batch, n_kv_heads, seq_len, head_dim, dtype=dtype)) for _ in range(n_layers)]
     expected = sum(k.nbytes + v.nbytes for k, v in cache)
     assert C.kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype.itemsize) == expected
+
+
+@pytest.mark.parametrize("seq_len,window,n_sink_tokens,cached", [
+    (10, None, 0, 10), (10, 4, 0, 4), (10, 10, 0, 10), (10, 64, 0, 10), (3, 4, 0, 3),
+    (10, 4, 2, 6), (5, 4, 2, 5), (10, 1, 0, 1), (100, 8, 4, 12),
+])
+def test_kv_cache_bytes_of_windowed_and_sink_token_caches_match_their_tensors(seq_len, window, n_sink_tokens,
+                                                                               cached):
+    """A window caps the cached positions at min(seq_len, window + n_sink_tokens): the tensors of such a cache."""
+    N, layers, g, hd, dtype = 2, 3, 2, 4, torch.bfloat16
+    cache = [(torch.empty(N, g, cached, hd, dtype=dtype), torch.empty(N, g, cached, hd, dtype=dtype))
+             for _ in range(layers)]
+    expected = sum(k.nbytes + v.nbytes for k, v in cache)
+    assert C.kv_cache_bytes(N, seq_len, layers, g, hd, dtype.itemsize, window=window,
+                            n_sink_tokens=n_sink_tokens) == expected
+    if window is None or window >= seq_len:
+        assert expected == C.kv_cache_bytes(N, seq_len, layers, g, hd, dtype.itemsize)
+
+
+@pytest.mark.parametrize("window", [1, 3, 6])
+def test_a_windowed_query_reads_only_the_window_most_recent_keys(window):
+    """Why the cap is exact: with a window W the newest query's output from the last W keys alone (what a windowed
+    cache holds after appending the new key) equals its output from all of them (mha.reference)."""
+    import numpy as np
+
+    from mha import reference as R
+
+    rng = np.random.default_rng(window)
+    q, k, v = rng.standard_normal((2, 1, 4)), rng.standard_normal((2, 9, 4)), rng.standard_normal((2, 9, 3))
+    full = R.scaled_dot_product_attention(q, k, v, window=window)[0]
+    np.testing.assert_allclose(R.scaled_dot_product_attention(q, k[:, -window:], v[:, -window:])[0], full,
+                               rtol=1e-14, atol=1e-15)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -267,6 +362,24 @@ def test_attention_matrix_bytes_matches_weights_nbytes(dtype, batch, L_q, L_kv, 
                      r"is_causal must be True or False", id="core_causal"),
         pytest.param(lambda: C.attention_core_flops(1, 1, 1, 2, 4, backward="yes"), TypeError,
                      r"backward must be True or False", id="core_backward"),
+        pytest.param(lambda: C.flops(1, 1, 1, 8, 2, rope="yes"), TypeError, r"rope must be True or False, got 'yes'",
+                     id="rope-str"),
+        pytest.param(lambda: C.flops(1, 1, 1, 6, 2, rope=True), ValueError,
+                     r"rope=True needs an even head_dim \(RoPE rotates pairs of coordinates\), got head_dim = 3",
+                     id="rope-odd"),
+        pytest.param(lambda: C.decode_step_flops(1, 2, 12, 4, rope=True), ValueError,
+                     r"rope=True needs an even head_dim .* got head_dim = 3", id="decode-rope-odd"),
+        pytest.param(lambda: C.decode_step_flops(1, 2, 8, 2, rope=1), TypeError, r"rope must be True or False, got 1",
+                     id="decode-rope-int"),
+        pytest.param(lambda: C.kv_cache_bytes(1, 8, 1, 1, 1, 2, window=0), ValueError,
+                     r"window must be an integer >= 1, got 0", id="kv-window-0"),
+        pytest.param(lambda: C.kv_cache_bytes(1, 8, 1, 1, 1, 2, window=4.0), TypeError,
+                     r"window must be an integer >= 1, got 4\.0 of type float", id="kv-window-float"),
+        pytest.param(lambda: C.kv_cache_bytes(1, 8, 1, 1, 1, 2, window=4, n_sink_tokens=-1), ValueError,
+                     r"n_sink_tokens must be an integer >= 0, got -1", id="kv-sinks-negative"),
+        pytest.param(lambda: C.kv_cache_bytes(1, 8, 1, 1, 1, 2, n_sink_tokens=4), ValueError,
+                     r"n_sink_tokens = 4 needs a window: without one every position is cached already",
+                     id="kv-sinks-without-window"),
     ],
 )
 def test_counting_argument_errors(call, exc, match):

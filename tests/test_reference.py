@@ -642,6 +642,8 @@ def test_the_package_keeps_the_public_api_of_the_single_module():
         "multi_head_attention", "multi_head_attention_per_head", "multi_head_attention_grad",
         "online_softmax_attention", "split_heads", "merge_heads", "repeat_kv", "causal_mask", "head_weights",
         "check_params", "Dims", "init_params",
+        # issue 24, attention in today's models: appended after the single module's names
+        "sliding_window_mask", "rope_frequencies", "rope", "rope_backward", "rms_norm", "rms_norm_backward",
     ]
     for name in R.__all__:
         obj = getattr(R, name)

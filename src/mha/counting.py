@@ -23,6 +23,8 @@ __all__ = [
 
 # Elementwise operations counted per attention score in the softmax step (documented in ``flops``).
 SOFTMAX_FLOPS_PER_SCORE = 5
+# Operations counted per rotated coordinate in the RoPE step (documented in ``flops``).
+ROPE_FLOPS_PER_COORDINATE = 3
 
 
 def param_count(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True):
@@ -52,7 +54,7 @@ class FlopCount(dict):
             raise AttributeError(key) from None
 
 
-def flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
+def flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads=None, head_dim=None, *, rope=False):
     """FLOPs of one forward pass of the naive (materialised) attention layer, by step.
 
     Returns a ``FlopCount`` (a dict, also readable as attributes) with keys:
@@ -67,22 +69,41 @@ def flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads=None, head_dim=None):
     * ``'matmul_total'``: q_proj + k_proj + v_proj + qk + av + o_proj. This is exactly what
       ``torch.utils.flop_counter.FlopCounterMode`` reports for the naive torch computation (it counts a matmul as
       2 m n k and ignores elementwise operations and bias adds).
-    * ``'total'``: matmul_total + scale + softmax.
+    * ``'total'``: matmul_total + scale + softmax (+ rope).
+
+    With ``rope=True`` (True or False; head_dim must then be even) one more step, counted in ``'total'`` (not in
+    ``'matmul_total'``: it is elementwise):
+
+    * ``'rope'`` = 3 hd (N L_q h + N L_kv g): every query vector of every query head and every key vector of every
+      *key/value* head (GQA rotates each shared key once) is rotated, and a vector of size hd costs 3 hd FLOPs:
+      per pair ``(a, b) -> (a cos - b sin, a sin + b cos)`` four multiplies and two adds, 6 per 2 coordinates
+      (the rotate-half form ``x cos + rotate_half(x) sin`` costs the same: per coordinate two multiplies and an
+      add; the sign flip is data movement). The cos/sin tables are not counted: computed once per position and
+      shared by every head, layer and sequence of a batch.
 
     Not counted: bias adds (N L width per projection; FlopCounterMode ignores them too), masking (a select, no
     arithmetic), the K/V repeat for GQA and reshapes/transposes (data movement).
 
-    Book: part II, 'Counting everything'.
+    Book: part II, 'Counting everything'; RoPE: part I, 'Attention in today's models'.
     """
     N = check_int("batch", batch)
     L_q, L_kv = check_int("l_q", l_q), check_int("l_kv", l_kv)
     d, h, g, hd = head_shape(d_model, n_heads, n_kv_heads, head_dim)
-    return _count(N, L_q, L_kv, L_kv, d, h, g, hd)
+    return _count(N, L_q, L_kv, L_kv, d, h, g, hd, _check_rope(rope, hd))
 
 
-def _count(N, L_q, L_new_kv, L_kv, d, h, g, hd):
-    """The steps of ``flops`` on checked sizes: L_q queries and L_new_kv key/value positions are projected, and the
-    L_q queries attend over L_kv keys (L_new_kv = L_kv without a cache, = L_q with one)."""
+def _check_rope(rope, hd):
+    """``rope`` as a bool; ValueError for rope=True with an odd head_dim (RoPE rotates pairs of coordinates)."""
+    rope = check_bool("rope", rope)
+    if rope and hd % 2:
+        raise ValueError(f"rope=True needs an even head_dim (RoPE rotates pairs of coordinates), got head_dim = {hd}")
+    return rope
+
+
+def _count(N, L_q, L_new_kv, L_kv, d, h, g, hd, rope=False):
+    """The steps of ``flops`` on checked sizes: L_q queries and L_new_kv key/value positions are projected (and,
+    with ``rope``, rotated), and the L_q queries attend over L_kv keys (L_new_kv = L_kv without a cache, = L_q with
+    one)."""
     scores = N * h * L_q * L_kv
     count = FlopCount(
         q_proj=2 * N * L_q * d * h * hd,
@@ -94,8 +115,10 @@ def _count(N, L_q, L_new_kv, L_kv, d, h, g, hd):
         av=2 * scores * hd,
         o_proj=2 * N * L_q * h * hd * d,
     )
+    if rope:
+        count["rope"] = ROPE_FLOPS_PER_COORDINATE * hd * (N * L_q * h + N * L_new_kv * g)
     count["matmul_total"] = sum(count[key] for key in ("q_proj", "k_proj", "v_proj", "qk", "av", "o_proj"))
-    count["total"] = count["matmul_total"] + count["scale"] + count["softmax"]
+    count["total"] = count["matmul_total"] + count["scale"] + count["softmax"] + count.get("rope", 0)
     return count
 
 
@@ -125,7 +148,7 @@ def attention_core_flops(batch, l_q, l_kv, n_heads, head_dim, is_causal=False, b
     return forward * 7 // 2 if check_bool("backward", backward) else forward
 
 
-def decode_step_flops(batch, cache_len, d_model, n_heads, n_kv_heads=None, head_dim=None):
+def decode_step_flops(batch, cache_len, d_model, n_heads, n_kv_heads=None, head_dim=None, *, rope=False):
     """FLOPs of one cached decoding step of the naive attention layer, by step (same keys as ``flops``).
 
     The step brings one new token per sequence while the KV cache already holds ``cache_len`` positions
@@ -139,6 +162,8 @@ def decode_step_flops(batch, cache_len, d_model, n_heads, n_kv_heads=None, head_
     * ``'qk'`` = ``'av'`` = 2 N h L_kv hd, ``'scale'`` = N h L_kv, ``'softmax'`` = 5 N h L_kv: one query per
       query head against L_kv keys (GQA shares the cached K/V, not this work).
     * ``'matmul_total'`` (what ``FlopCounterMode`` reports for the step) and ``'total'``, as in ``flops``.
+    * with ``rope=True``: ``'rope'`` = 3 hd N (h + g), the new token's query and key only (the cached keys were
+      stored rotated, at their own positions), counted in ``'total'`` as in ``flops``.
 
     So this is ``flops(batch, 1, cache_len + 1, ...)`` with the key/value projections of one position instead of
     ``cache_len + 1``; recomputing the whole prefix instead costs ``flops(batch, L, L, ...)``.
@@ -148,19 +173,35 @@ def decode_step_flops(batch, cache_len, d_model, n_heads, n_kv_heads=None, head_
     N = check_int("batch", batch)
     L_kv = check_int("cache_len", cache_len, minimum=0) + 1
     d, h, g, hd = head_shape(d_model, n_heads, n_kv_heads, head_dim)
-    return _count(N, 1, 1, L_kv, d, h, g, hd)
+    return _count(N, 1, 1, L_kv, d, h, g, hd, _check_rope(rope, hd))
 
 
-def kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
-    """Bytes of a key/value cache: ``2 (K and V) * batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes``.
+def kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes, *, window=None, n_sink_tokens=0):
+    """Bytes of a key/value cache: ``2 (K and V) * batch * P * n_layers * n_kv_heads * head_dim * dtype_bytes``,
+    where P = the positions cached per sequence, ``seq_len`` for a full cache.
 
     Only the cached tensors are counted (no bookkeeping). Fewer kv heads (GQA/MQA) shrink it by h/g.
 
-    Book: part II, 'Autoregressive decoding and the KV cache'.
+    A sliding window (``window``, an integer >= 1: each query sees the ``window`` most recent keys, itself included,
+    as in ``mha.reference.sliding_window_mask``) caps it: a key older than the window is never read again, so the
+    cache keeps ``P = min(seq_len, window)`` positions (the new token's key is appended first, then read with the
+    window - 1 before it). ``n_sink_tokens`` (an integer >= 0; only with a window) keeps the first tokens of the
+    sequence too, the "attention sink" tokens of StreamingLLM (Xiao et al. 2023): ``P = min(seq_len, window +
+    n_sink_tokens)``. (Learned sink *logits*, ``params['sinks']`` of ``mha.reference``, are parameters and cost no
+    cache.) A model whose layers mix windowed and full attention (gpt-oss and Gemma 2 alternate them, Gemma 3 has
+    five windowed layers per full one) adds the two counts, one call per kind of layer.
+
+    Book: part II, 'Autoregressive decoding and the KV cache'; part I, 'Attention in today's models'.
     """
     names = ("batch", "seq_len", "n_layers", "n_kv_heads", "head_dim", "dtype_bytes")
     values = (batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes)
     N, L, layers, g, hd, nbytes = (check_int(n, v) for n, v in zip(names, values))
+    n_sink_tokens = check_int("n_sink_tokens", n_sink_tokens, minimum=0)
+    if window is not None:
+        L = min(L, check_int("window", window) + n_sink_tokens)
+    elif n_sink_tokens:
+        raise ValueError(f"n_sink_tokens = {n_sink_tokens} needs a window: without one every position is cached "
+                         f"already, the first tokens included")
     return 2 * N * L * layers * g * hd * nbytes
 
 

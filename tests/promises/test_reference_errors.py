@@ -11,6 +11,7 @@ import pytest
 
 from mha import reference as R
 
+import test_promises_frontier_reference  # its table of issue 24's cases (today's models), run here too
 import test_promises_reference  # its table of issue 22's cases, run here with these
 
 D_MODEL, H, G, HD = 8, 4, 2, 2  # W_q (8, 8), W_k/W_v (8, 4), W_o (8, 8)
@@ -172,7 +173,8 @@ CASES = [
 ]
 
 
-COMPUTE_HELPERS = ("_linear", "_scores", "_masked_softmax")  # the arithmetic the functions reach first
+COMPUTE_HELPERS = ("_linear", "_scores", "_masked_softmax",  # the arithmetic the functions reach first
+                   "_rotate", "_rms_norm", "_rms_norm_grad")  # RoPE and RMSNorm (issue 24)
 
 
 def reference_modules():
@@ -197,7 +199,8 @@ def no_compute(monkeypatch):
             monkeypatch.setattr(module, name, reached)
 
 
-@pytest.mark.parametrize("call,exc,match", CASES + test_promises_reference.CASES)
+@pytest.mark.parametrize("call,exc,match", CASES + test_promises_reference.CASES
+                         + test_promises_frontier_reference.CASES)
 def test_bad_input_raises_clear_error_before_computing(no_compute, call, exc, match):
     with pytest.raises(exc, match=match):
         call()
@@ -211,6 +214,14 @@ def test_bad_input_raises_clear_error_before_computing(no_compute, call, exc, ma
     pytest.param(lambda: mha(), id="mha"),
     pytest.param(lambda: R.multi_head_attention_per_head(X, None, P, H), id="mha-per-head"),
     pytest.param(lambda: R.multi_head_attention_grad(X, None, P, H, X), id="mha-grad"),
+    pytest.param(lambda: R.scaled_dot_product_attention(Q, K, V, sinks=0.0, softcap=5.0), id="sdpa-sinks-softcap"),
+    pytest.param(lambda: R.scaled_dot_product_attention_grad(Q, K, V, np.ones((3, 6)), sinks=0.0),
+                 id="sdpa-grad-sinks"),
+    pytest.param(lambda: R.rope(Q, np.arange(3)), id="rope"),
+    pytest.param(lambda: R.rope_backward(Q, np.arange(3)), id="rope-backward"),
+    pytest.param(lambda: R.rms_norm(Q, np.ones(4)), id="rms_norm"),
+    pytest.param(lambda: R.rms_norm_backward(Q, np.ones(4), Q), id="rms_norm-backward"),
+    pytest.param(lambda: mha(params=R.init_params(D_MODEL, H, G, qk_norm=True, sinks=True)), id="mha-qk_norm-sinks"),
 ])
 def test_no_compute_stops_every_function_on_valid_input(no_compute, call):
     """The fixture takes effect inside each function, so the test above would see a computation before a check."""

@@ -5,7 +5,8 @@ Every function is short and carries the equation it computes. Conventions (share
 * Row vectors, ``Y = X W``. ``x`` is ``(N, L, d_model)``; a 2-D ``(L, d_model)`` input (no batch) is also accepted.
 * ``params`` is a dict: ``W_q (d_model, h*head_dim)``, ``W_k`` and ``W_v (d_model, g*head_dim)``,
   ``W_o (h*head_dim, d_model)``, optional biases ``b_q (h*head_dim,)``, ``b_k``, ``b_v (g*head_dim,)``,
-  ``b_o (d_model,)``. ``head_dim`` and ``g = n_kv_heads`` are read from the shapes.
+  ``b_o (d_model,)``. ``head_dim`` and ``g = n_kv_heads`` are read from the shapes. Optional parts of today's
+  models: ``q_norm`` and ``k_norm (head_dim,)`` (QK-norm, both or neither) and ``sinks (h,)`` (attention sinks).
 * Query head ``j`` uses key/value head ``j // (h/g)`` (``g = h``: MHA, ``g = 1``: MQA, between: GQA).
 * Masks are boolean, ``True`` = may attend, broadcastable to the weights' shape ``(..., L_q, L_kv)``.
   ``is_causal=True`` adds the causal mask, bottom-right aligned (:func:`causal_mask`), combined with ``mask`` by
@@ -19,24 +20,32 @@ Every function is short and carries the equation it computes. Conventions (share
 Its modules follow the book (import the functions from ``mha.reference`` itself):
 
 * ``checks``: the input checks every function runs first, and ``check_params`` / ``Dims``;
-* ``masks``: ``causal_mask``, and how ``is_causal`` joins a mask;
-* ``scaled_dot_product``: ``softmax``, ``scaled_dot_product_attention`` (part I, 'Scaled dot-product attention');
+* ``masks``: ``causal_mask``, ``sliding_window_mask``, and how ``is_causal`` and ``window`` join a mask;
+* ``scaled_dot_product``: ``softmax``, ``scaled_dot_product_attention`` (part I, 'Scaled dot-product attention'),
+  with soft-capping and sinks (part I, 'Attention in today's models');
 * ``multi_head``: ``split_heads``, ``merge_heads``, ``repeat_kv``, ``multi_head_attention`` and its per-head loop
   form, ``head_weights``, ``init_params`` (part I, 'From one head to h heads'; part II, 'MQA and GQA');
 * ``backward``: ``softmax_backward``, ``scaled_dot_product_attention_grad``, ``multi_head_attention_grad``
   (part II, 'The backward pass');
 * ``online_softmax``: ``online_softmax_attention`` (part II, 'Exact attention without the L × L matrix (online
-  softmax)').
+  softmax)');
+* ``rope``: ``rope_frequencies``, ``rope``, ``rope_backward`` (part I, 'Attention in today's models');
+* ``norms``: ``rms_norm``, ``rms_norm_backward``, the normalisation of QK-norm (same section).
+
+The layer's keywords of today's models (``positions``, ``rope_base``, ``rope_style``, ``window``, ``softcap``,
+``qk_norm_eps``, ``scale``) and the order it applies them in are in ``multi_head_attention``'s docstring.
 """
 
 from __future__ import annotations
 
 from mha.reference.backward import multi_head_attention_grad, scaled_dot_product_attention_grad, softmax_backward
 from mha.reference.checks import Dims, check_params
-from mha.reference.masks import causal_mask
+from mha.reference.masks import causal_mask, sliding_window_mask
 from mha.reference.multi_head import (head_weights, init_params, merge_heads, multi_head_attention,
                                       multi_head_attention_per_head, repeat_kv, split_heads)
+from mha.reference.norms import rms_norm, rms_norm_backward
 from mha.reference.online_softmax import online_softmax_attention
+from mha.reference.rope import rope, rope_backward, rope_frequencies
 from mha.reference.scaled_dot_product import scaled_dot_product_attention, softmax
 
 __all__ = [
@@ -56,4 +65,10 @@ __all__ = [
     "check_params",
     "Dims",
     "init_params",
+    "sliding_window_mask",
+    "rope_frequencies",
+    "rope",
+    "rope_backward",
+    "rms_norm",
+    "rms_norm_backward",
 ]

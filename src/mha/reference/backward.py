@@ -1,15 +1,22 @@
-"""The backward pass, derived by hand (no autograd): softmax, scaled dot-product attention, multi-head attention.
+"""The backward pass, derived by hand (no autograd): softmax, scaled dot-product attention, multi-head attention,
+and the parts of today's models (soft-capping, sinks, QK-norm, RoPE; their own backward passes are in ``norms``
+and ``rope``).
 
-Book: part II, 'The backward pass' (and 'MQA and GQA' for the gradients of shared key/value heads).
+Book: part II, 'The backward pass' (and 'MQA and GQA' for the gradients of shared key/value heads); part I,
+'Attention in today's models'.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mha.reference.checks import _as_float_array, _check_attention_args, _check_mha_inputs, _check_softmax_output
-from mha.reference.multi_head import _project, merge_heads, repeat_kv, split_heads
-from mha.reference.scaled_dot_product import _attention, scaled_dot_product_attention
+from mha.reference.checks import (_as_float_array, _check_attention_args, _check_core_extras, _check_layer_extras,
+                                  _check_mha_inputs, _check_softmax_output)
+from mha.reference.multi_head import _project, _qk_norm_rope, merge_heads, repeat_kv, split_heads
+from mha.reference.norms import _rms_norm_grad
+from mha.reference.rope import _rotate
+from mha.reference.scaled_dot_product import (_attention, _capped_scores, _masked_softmax, _sink_softmax,
+                                              scaled_dot_product_attention)
 
 
 def softmax_backward(weights, grad_weights):
@@ -37,7 +44,28 @@ def _sum_to_shape(grad, shape):
     return grad.sum(axis=stretched, keepdims=True) if stretched else grad
 
 
-def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, is_causal=False):
+def _attention_grad_general(q, k, v, dO, mask, scale, softcap, sinks):
+    """``(dq, dk, dv[, d_sinks])`` of ``_attention_general`` on checked inputs (derivation in
+    ``scaled_dot_product_attention_grad``)."""
+    S = _capped_scores(q, k, scale, softcap)  # (..., L_q, L_kv)
+    A, p_sink = (_masked_softmax(S, mask), None) if sinks is None else _sink_softmax(S, mask, sinks)
+    dV = np.swapaxes(A, -1, -2) @ dO  # (..., L_kv, d_v)
+    dA = dO @ np.swapaxes(v, -1, -2)  # (..., L_q, L_kv)
+    D = np.sum(dA * A, axis=-1, keepdims=True)  # (..., L_q, 1): dO_i . O_i (the sink's value is zero)
+    dS = A * (dA - D)  # the softmax VJP over the row and its sink (whose upstream gradient is 0)
+    if softcap is not None:
+        dS = dS * (1.0 - (S / softcap) ** 2)  # S = c tanh(R / c): dS/dR = 1 - tanh^2(R / c)
+    dQ = scale * (dS @ k)  # (..., L_q, d_k)
+    dK = scale * (np.swapaxes(dS, -1, -2) @ q)  # (..., L_kv, d_k)
+    grads = (_sum_to_shape(dQ, q.shape), _sum_to_shape(dK, k.shape), _sum_to_shape(dV, v.shape))
+    if sinks is None:
+        return grads
+    d_sink_rows = -p_sink * D[..., 0]  # (..., L_q): d sink = p_sink (0 - D_i) for row i
+    return grads + (_sum_to_shape(d_sink_rows.sum(axis=-1), sinks.shape),)
+
+
+def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, is_causal=False, *, sinks=None,
+                                      window=None, softcap=None):
     """Gradients of ``sum(out * grad_out)`` for ``out = softmax(scale q k^T) v``: returns ``(dq, dk, dv)``.
 
     With ``A = softmax(S)``, ``S = scale q k^T``, ``dO = grad_out``::
@@ -47,13 +75,33 @@ def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, 
 
     Gradients of broadcast inputs are summed over the broadcast axes. Masked/all-masked rows contribute zero.
 
-    Book: part II, 'The backward pass'.
+    The keywords of ``scaled_dot_product_attention`` (``window``, ``softcap``, ``sinks``) are taken too, and with
+    ``sinks`` the result is ``(dq, dk, dv, d_sinks)``, d_sinks of the shape of ``sinks``. ``window`` is only a mask.
+    With ``R = scale q k^T`` and a cap c, ``S = c tanh(R / c)``; for row i with sink logit s, ``Z_i = sum_j
+    exp(S_ij) + exp(s)``, ``A_ij = exp(S_ij) / Z_i``, ``p_i = exp(s) / Z_i`` and ``O_i = sum_j A_ij V_j`` (the sink
+    is a column with a zero value vector)::
+
+        D_i = rowsum(dA * A)_i = dO_i . O_i
+        dS  = A * (dA - D)                 the softmax VJP over the row and its sink column; that column's upstream
+                                           gradient dO_i . 0 is 0, so it adds nothing to D
+        d s = sum_i p_i (0 - D_i) = - sum_i p_i (dO_i . O_i)     summed over every row sharing the sink (for (h,)
+                                           sinks: the batch and the query positions of head h)
+        dR  = dS * (1 - tanh^2(R / c)) = dS * (1 - (S / c)^2)      (d/dR of c tanh(R / c))
+        dQ  = scale dR K                   dK = scale dR^T Q        dV = A^T dO
+
+    Without a cap ``dR = dS``; without sinks ``p = 0`` and the rows sum to 1: the formulas above. A row with no
+    allowed key has ``A = 0``, ``O = 0``, so it contributes nothing, to d_sinks either.
+
+    Book: part II, 'The backward pass'; part I, 'Attention in today's models'.
     """
     q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
+    mask, sinks, softcap = _check_core_extras(batch, q.shape[-2], k.shape[-2], mask, sinks, window, softcap)
     dO = _as_float_array("grad_out", grad_out)
     expected = batch + (q.shape[-2], v.shape[-1])
     if dO.shape != expected:
         raise ValueError(f"grad_out shape {dO.shape} must equal the output shape {expected} (..., L_q, d_v)")
+    if sinks is not None or softcap is not None:
+        return _attention_grad_general(q, k, v, dO, mask, scale, softcap, sinks)
     _, A = _attention(q, k, v, mask, scale)  # (..., L_q, L_kv)
     dV = np.swapaxes(A, -1, -2) @ dO  # (..., L_kv, d_v)
     dS = softmax_backward(A, dO @ np.swapaxes(v, -1, -2))  # (..., L_q, L_kv)
@@ -62,7 +110,22 @@ def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, 
     return _sum_to_shape(dQ, q.shape), _sum_to_shape(dK, k.shape), _sum_to_shape(dV, v.shape)
 
 
-def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, is_causal=False):
+def _qk_norm_rope_grad(q, k, dq, dk, p, opts, grads):
+    """Back through ``_qk_norm_rope``: ``q``, ``k`` are its inputs (the projections, split into heads), ``dq``,
+    ``dk`` the gradients of its outputs. RoPE backward is the rotation by the opposite angles; RMSNorm backward is
+    ``rms_norm_backward``'s formula, its weight gradients summed over batch, heads and positions go to ``grads``."""
+    if opts.rope_base is not None:
+        dq = _rotate(dq, opts.positions_q, opts.rope_base, opts.rope_style, inverse=True)
+        dk = _rotate(dk, opts.positions_kv, opts.rope_base, opts.rope_style, inverse=True)
+    if "q_norm" in p:
+        dq, grads["q_norm"] = _rms_norm_grad(q, p["q_norm"], dq, opts.eps)
+        dk, grads["k_norm"] = _rms_norm_grad(k, p["k_norm"], dk, opts.eps)
+    return dq, dk
+
+
+def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, is_causal=False, *, positions=None,
+                              rope_base=None, rope_style="half", window=None, softcap=None, qk_norm_eps=1e-6,
+                              scale=None):
     """Hand-derived gradients of ``sum(multi_head_attention(...)[0] * grad_out)``.
 
     Returns a dict with ``'x_q'``, ``'x_kv'`` and one entry per key of ``params`` (same shapes as the inputs; a bias
@@ -77,9 +140,18 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
     Self-attention (``x_kv is None``): ``'x_q'`` is the *total* gradient wrt x (query path + key/value path) and
     ``'x_kv'`` is None. All-masked query rows contribute zero gradient through attention.
     No autograd: every step is written out. Book: part II, 'The backward pass' (and 'MQA and GQA').
+
+    The keywords of today's models are those of ``multi_head_attention``, with the same checks. Their steps, in
+    reverse: the core's gradient with ``softcap`` and ``sinks`` (``scaled_dot_product_attention_grad``: the entry
+    ``'sinks'``, one per query head, summed over the batch and the positions); then, per head and before the GQA
+    sum is used, back through RoPE (the rotation by the opposite angles, applied to dQ and to the summed dK) and
+    QK-norm (``rms_norm_backward``: the entries ``'q_norm'``, ``'k_norm'``, summed over batch, heads and positions),
+    and on to the projections as above. Book: part I, 'Attention in today's models'.
     """
     self_attention = x_kv is None
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
+    opts, mask = _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, positions, rope_base,
+                                     rope_style, window, softcap, qk_norm_eps, scale)
     N, L_q = x_q.shape[:2]
     dO = _as_float_array("grad_out", grad_out)
     expected = (L_q, dims.d_model) if unbatched else (N, L_q, dims.d_model)
@@ -88,18 +160,23 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
     dO = dO.reshape(N, L_q, dims.d_model)  # (N, L_q, d_model)
 
     q, k, v = _project(x_q, x_kv, p, dims)
+    q_proj, k_proj = q, k  # before QK-norm and RoPE, whose backward reads them
+    q, k = _qk_norm_rope(q_proj, k_proj, p, opts)  # unchanged when both are off
     n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
-    heads, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)
+    heads, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, **opts.sdpa)
     M = merge_heads(heads)  # (N, L_q, h*head_dim)
 
     grads = {"W_o": np.einsum("nlc,nld->cd", M, dO)}
     dM = dO @ p["W_o"].T  # (N, L_q, h*head_dim)
-    dq, dk_rep, dv_rep = scaled_dot_product_attention_grad(
-        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), split_heads(dM, dims.n_heads), mask
-    )
+    dq, dk_rep, dv_rep, *d_sinks = scaled_dot_product_attention_grad(
+        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), split_heads(dM, dims.n_heads), mask, **opts.sdpa
+    )  # d_sinks = [dL/d sinks, shape (h,)] when params has sinks, else []
+    if d_sinks:
+        grads["sinks"] = d_sinks[0]
     # (N, h, L_kv, head_dim) -> (N, g, h/g, L_kv, head_dim), summed over the query heads sharing each kv head.
     dk = dk_rep.reshape(N, dims.n_kv_heads, n_rep, *dk_rep.shape[2:]).sum(axis=2)  # (N, g, L_kv, head_dim)
     dv = dv_rep.reshape(N, dims.n_kv_heads, n_rep, *dv_rep.shape[2:]).sum(axis=2)  # (N, g, L_kv, head_dim)
+    dq, dk = _qk_norm_rope_grad(q_proj, k_proj, dq, dk, p, opts, grads)  # back through RoPE, then QK-norm
 
     dx_q = dx_kv = 0.0
     for name, x, d_heads in (("q", x_q, dq), ("k", x_kv, dk), ("v", x_kv, dv)):

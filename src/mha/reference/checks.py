@@ -4,7 +4,9 @@ and the shapes, and every function of the package runs all of its checks before 
 ``check_params`` (public; ``mha.convert`` uses it too) reads a layer's sizes, :class:`Dims`, from its ``params`` dict.
 The private helpers: ``_check_attention_args`` (the attention functions, on q, k, v), ``_check_mha_inputs`` (the
 multi-head functions, on x_q, x_kv, params), ``_check_softmax_output`` (``softmax_backward``), ``_heads_array`` (the
-head helpers), ``_check_seed`` (``init_params``) and the small checks they are built from.
+head helpers), ``_check_seed`` (``init_params``) and the small checks they are built from; for the parts of today's
+models (part I, 'Attention in today's models'), ``_check_core_extras`` (sinks, window and softcap of the attention
+core), ``_check_positions`` and ``_check_rope_args`` (RoPE) and ``_check_layer_extras`` (the layer's new keywords).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mha._checks import attention_scale, check_bool, check_int
-from mha.reference.masks import _check_mask, _with_causal
+from mha._checks import attention_scale, check_bool, check_choice, check_float, check_int
+from mha.reference.masks import _check_mask, _sliding_window, _with_causal
 
 _WEIGHT_KEYS = ("W_q", "W_k", "W_v", "W_o")
 _BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
+_EXTRA_KEYS = ("q_norm", "k_norm", "sinks")  # QK-norm weights (head_dim,) each; one sink logit per query head (h,)
+ROPE_STYLES = ("half", "interleaved")
 
 
 class Dims(NamedTuple):
@@ -94,6 +98,10 @@ def check_params(params, n_heads):
     the key and the shapes, for a missing or unexpected key, a non-numeric or non-finite entry, shapes that do not fit
     together, ``n_heads`` not dividing W_q's width, or ``n_kv_heads`` not dividing ``n_heads``. Every function of
     ``mha.reference`` that takes ``params`` starts with it, and so does ``mha.convert``.
+
+    Optional keys of today's models: ``q_norm`` and ``k_norm`` (QK-norm's RMSNorm weights, shape ``(head_dim,)``
+    each, shared by all heads; both or neither) and ``sinks`` (one learned sink logit per query head, shape
+    ``(n_heads,)``). Like the biases, an entry given as None counts as absent.
     """
     if not isinstance(params, dict):
         raise TypeError(
@@ -104,9 +112,10 @@ def check_params(params, n_heads):
         raise ValueError(
             f"params is missing key(s) {missing}; expected W_q, W_k, W_v, W_o (and optional b_q, b_k, b_v, b_o)"
         )
-    unknown = sorted(set(params) - set(_WEIGHT_KEYS) - set(_BIAS_KEYS), key=repr)  # keys of any type
+    allowed = _WEIGHT_KEYS + _BIAS_KEYS + _EXTRA_KEYS
+    unknown = sorted(set(params) - set(allowed), key=repr)  # keys of any type
     if unknown:
-        raise ValueError(f"params has unexpected key(s) {unknown}; allowed: {_WEIGHT_KEYS + _BIAS_KEYS}")
+        raise ValueError(f"params has unexpected key(s) {unknown}; allowed: {allowed}")
     p = {key: _as_float_array(f"params['{key}']", value) for key, value in params.items() if value is not None}
     for key in _WEIGHT_KEYS:
         if p[key].ndim != 2:
@@ -144,7 +153,20 @@ def check_params(params, n_heads):
     for key, shape in bias_shapes.items():
         if key in p and p[key].shape != shape:
             raise ValueError(f"params['{key}'] must have shape {shape}, got {p[key].shape}")
+    _check_extra_params(p, head_dim, n_heads)
     return p, Dims(d_model, n_heads, n_kv_heads, head_dim)
+
+
+def _check_extra_params(p, head_dim, n_heads):
+    """``q_norm``/``k_norm`` (both or neither, shape (head_dim,)) and ``sinks`` (shape (n_heads,))."""
+    if ("q_norm" in p) != ("k_norm" in p):
+        have, missing = ("q_norm", "k_norm") if "q_norm" in p else ("k_norm", "q_norm")
+        raise ValueError(f"params has '{have}' but not '{missing}'; QK-norm normalises both q and k: give both "
+                         f"(shape (head_dim,) = ({head_dim},)) or neither")
+    for key, shape, desc in (("q_norm", (head_dim,), "(head_dim,)"), ("k_norm", (head_dim,), "(head_dim,)"),
+                             ("sinks", (n_heads,), "(n_heads,)")):
+        if key in p and p[key].shape != shape:
+            raise ValueError(f"params['{key}'] must have shape {desc} = {shape}, got {p[key].shape}")
 
 
 def _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal=False):
@@ -236,3 +258,111 @@ def _check_seed(seed):
     if seed < 0:
         raise ValueError(f"seed must be {expected}, got {seed}")
     return int(seed)
+
+
+# --- today's models: sinks, windows, soft-capping, RoPE, QK-norm (part I, 'Attention in today's models') ---------
+
+
+def _check_core_extras(batch, l_q, l_kv, mask, sinks=None, window=None, softcap=None):
+    """The attention core's keywords of today's models. Returns ``mask`` (with the sliding window joined by logical
+    and), ``sinks`` (float64, broadcastable to the leading axes ``batch``, or None) and ``softcap`` (float or None)."""
+    if softcap is not None:
+        softcap = check_float("softcap", softcap, minimum=0.0, min_inclusive=False)
+    if sinks is not None:
+        sinks = _as_float_array("sinks", sinks)
+        try:
+            fits = np.broadcast_shapes(sinks.shape, batch) == tuple(batch)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"sinks shape {sinks.shape} is not broadcastable to the leading axes {tuple(batch)} of "
+                             f"q, k, v (one sink logit per softmax, e.g. (h,) for (N, h, L, d) inputs)")
+    return _sliding_window(mask, window, l_q, l_kv), sinks, softcap
+
+
+def _check_positions(name, positions, target, desc):
+    """Integer positions >= 0 whose last axis has length ``target[-1]`` (L) and which broadcast to ``target``."""
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers (absolute token positions), got dtype {pos.dtype}")
+    try:
+        fits = pos.ndim >= 1 and pos.shape[-1] == target[-1] and np.broadcast_shapes(pos.shape, target) == target
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} must have shape (L,) = ({target[-1]},) or one broadcastable to {target} {desc}, "
+                         f"got shape {pos.shape}")
+    if pos.size and pos.min() < 0:
+        raise ValueError(f"{name} must be integers >= 0 (absolute token positions), got {pos.min()}")
+    return pos
+
+
+def _check_rope_args(base, style):
+    """RoPE's ``base`` (a finite real number > 0) and ``style`` (one of ``ROPE_STYLES``)."""
+    check_choice("style", style, ROPE_STYLES)
+    return check_float("base", base, minimum=0.0, min_inclusive=False), style
+
+
+class _LayerOptions(NamedTuple):
+    """The layer's keywords of today's models, checked (see ``multi_head_attention``)."""
+
+    positions_q: np.ndarray | None  # broadcastable to (N, h, L_q): RoPE positions of the queries (None: no RoPE)
+    positions_kv: np.ndarray | None  # broadcastable to (N, g, L_kv)
+    rope_base: float | None
+    rope_style: str
+    eps: float  # QK-norm's epsilon (used when params has q_norm and k_norm)
+    scale: float | None
+    softcap: float | None
+    sinks: np.ndarray | None  # params["sinks"], shape (h,)
+
+    @property
+    def sdpa(self):
+        """The keywords of ``scaled_dot_product_attention`` (the sliding window is already in the mask)."""
+        return {"scale": self.scale, "softcap": self.softcap, "sinks": self.sinks}
+
+
+def _layer_positions(positions, L, n_batch, unbatched, name):
+    """Positions of one sequence axis, as an array broadcastable to (N, heads, L)."""
+    target, desc = ((L,), "(L,)") if unbatched else ((n_batch, L), "(N, L)")
+    pos = _check_positions(name, positions, target, desc)
+    return pos[:, None, :] if pos.ndim == 2 else pos  # (N, L) -> (N, 1, L): the same positions for every head
+
+
+def _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, positions, rope_base, rope_style,
+                        window, softcap, qk_norm_eps, scale):
+    """All checks of the layer's new keywords, after ``_check_mha_inputs``. Returns ``(opts, mask)``: the
+    :class:`_LayerOptions` and the mask with the sliding window joined."""
+    check_choice("rope_style", rope_style, ROPE_STYLES)
+    eps = check_float("qk_norm_eps", qk_norm_eps, minimum=0.0, min_inclusive=False)
+    scale = None if scale is None else attention_scale(scale, dims.head_dim)
+    if softcap is not None:
+        softcap = check_float("softcap", softcap, minimum=0.0, min_inclusive=False)
+    (N, L_q), L_kv = x_q.shape[:2], x_kv.shape[1]
+    mask = _sliding_window(mask, window, L_q, L_kv)
+    pos_q = pos_kv = None
+    if rope_base is None:
+        if positions is not None:
+            raise ValueError("positions is given but rope_base is None: positions are used only by RoPE (pass "
+                             "rope_base, e.g. 10000.0, to rotate q and k)")
+    else:
+        rope_base = check_float("rope_base", rope_base, minimum=0.0, min_inclusive=False)
+        if dims.head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs of coordinates: head_dim must be even, got head_dim = "
+                             f"{dims.head_dim} (params['W_q'] width {dims.n_heads * dims.head_dim} / n_heads "
+                             f"{dims.n_heads})")
+        if self_attention:
+            pos_q = pos_kv = _layer_positions(np.arange(L_q) if positions is None else positions, L_q, N, unbatched,
+                                              "positions")
+        else:
+            expected = "positions=(positions_q, positions_kv), the absolute positions of the queries and of the keys"
+            if positions is None:
+                raise ValueError(f"RoPE in cross-attention (x_kv given) needs {expected}; got positions=None")
+            if not isinstance(positions, (tuple, list)):
+                raise TypeError(f"RoPE in cross-attention (x_kv given) needs {expected}; got "
+                                f"{type(positions).__name__}")
+            if len(positions) != 2:
+                raise ValueError(f"RoPE in cross-attention (x_kv given) needs {expected}; got a "
+                                 f"{type(positions).__name__} of length {len(positions)}")
+            pos_q = _layer_positions(positions[0], L_q, N, unbatched, "positions[0] (queries)")
+            pos_kv = _layer_positions(positions[1], L_kv, N, unbatched, "positions[1] (keys)")
+    return _LayerOptions(pos_q, pos_kv, rope_base, rope_style, eps, scale, softcap, p.get("sinks")), mask

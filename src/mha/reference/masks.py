@@ -1,7 +1,8 @@
 """Masks: boolean arrays, True = may attend, broadcastable to the weights' shape ``(..., L_q, L_kv)``; the causal
-mask, and how ``is_causal=True`` combines with a given mask (logical and).
+mask, the sliding-window mask, and how ``is_causal=True`` and ``window`` combine with a given mask (logical and).
 
-Book: part I, 'Scaled dot-product attention' (masks); part II, 'Autoregressive decoding and the KV cache'.
+Book: part I, 'Scaled dot-product attention' (masks) and 'Attention in today's models' (sliding windows); part II,
+'Autoregressive decoding and the KV cache'.
 """
 
 from __future__ import annotations
@@ -48,3 +49,37 @@ def _with_causal(mask, is_causal, l_q, l_kv):
         return mask
     causal = causal_mask(l_q, l_kv)  # (l_q, l_kv), broadcasts against any mask
     return causal if mask is None else np.logical_and(mask, causal)
+
+
+def sliding_window_mask(l_q, l_kv, window):
+    """Boolean ``(l_q, l_kv)``: the causal mask restricted to the ``window`` most recent keys, the query's own
+    included. Bottom-right aligned like :func:`causal_mask`: query i sits at absolute position ``p = l_kv - l_q + i``
+    (the l_q queries are the last l_q of the l_kv positions) and may attend to key j iff ``p - window < j <= p``.
+
+    So every query sees at most ``window`` keys (fewer near the start), ``window = 1`` is attention to oneself only,
+    and ``window >= l_kv`` gives exactly ``causal_mask(l_q, l_kv)``. ``l_q``, ``l_kv`` and ``window`` are integers
+    >= 1 (TypeError/ValueError otherwise).
+
+    The convention is gpt-oss's (``sliding_window = 128``: the query and the 127 keys before it; its reference masks
+    ``j <= p - window``), and that of Hugging Face's masks (``kv_idx > q_idx - sliding_window``). Conventions that
+    count only the *past* keys see one key more for the same number: FlashAttention's ``window_size=(left, 0)``
+    (keys ``p - left .. p``) and masks written ``p - j <= w`` (as in PyTorch's FlexAttention examples) mean
+    ``window = left + 1`` (``w + 1``) here. A symmetric window (Longformer: ``|p - j| <= w``) is not causal and not
+    this mask.
+
+    Book: part I, 'Attention in today's models' (sliding windows).
+    """
+    l_q, l_kv = check_int("l_q", l_q), check_int("l_kv", l_kv)
+    window = check_int("window", window)
+    offset = l_kv - l_q  # query i is at absolute position offset + i
+    causal = np.tril(np.ones((l_q, l_kv), dtype=bool), k=offset)  # j <= p
+    too_old = np.tril(np.ones((l_q, l_kv), dtype=bool), k=offset - window)  # j <= p - window
+    return causal & ~too_old  # (l_q, l_kv)
+
+
+def _sliding_window(mask, window, l_q, l_kv):
+    """``mask`` and (when ``window`` is not None) the sliding-window mask, by logical and; ``window`` is checked."""
+    if window is None:
+        return mask
+    windowed = sliding_window_mask(l_q, l_kv, window)  # (l_q, l_kv), includes the causal mask
+    return windowed if mask is None else np.logical_and(mask, windowed)

@@ -1,7 +1,8 @@
 """Multi-head attention: the head helpers (``split_heads``, ``merge_heads``, ``repeat_kv``), the fused layer
-(MHA, GQA, MQA), its per-head loop form, the per-head matrices hidden in the fused ones, and random parameters.
+(MHA, GQA, MQA; with the parts of today's models: QK-norm, RoPE, sliding windows, soft-capping, sinks), its
+per-head loop form, the per-head matrices hidden in the fused ones, and random parameters.
 
-Book: part I, 'From one head to h heads'; part II, 'MQA and GQA'.
+Book: part I, 'From one head to h heads' and 'Attention in today's models'; part II, 'MQA and GQA'.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import math
 import numpy as np
 
 from mha._checks import check_int, head_shape
-from mha.reference.checks import _check_flag, _check_mha_inputs, _check_seed, _heads_array, check_params
+from mha.reference.checks import (_EXTRA_KEYS, _check_flag, _check_layer_extras, _check_mha_inputs, _check_seed,
+                                  _heads_array, check_params)
+from mha.reference.norms import _rms_norm
+from mha.reference.rope import _rotate
 from mha.reference.scaled_dot_product import scaled_dot_product_attention
 
 
@@ -72,7 +76,21 @@ def _project(x_q, x_kv, p, dims):
     return q, k, v
 
 
-def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False, need_weights=True):
+def _qk_norm_rope(q, k, p, opts):
+    """QK-norm (when params has q_norm and k_norm: RMSNorm over head_dim, one weight shared by all heads), then RoPE
+    (when ``opts.rope_base`` is set) on the heads q (N, h, L_q, head_dim) and k (N, g, L_kv, head_dim); v is never
+    touched. Returns q and k themselves when both are off."""
+    if "q_norm" in p:
+        q, k = _rms_norm(q, p["q_norm"], opts.eps), _rms_norm(k, p["k_norm"], opts.eps)
+    if opts.rope_base is not None:
+        q = _rotate(q, opts.positions_q, opts.rope_base, opts.rope_style)
+        k = _rotate(k, opts.positions_kv, opts.rope_base, opts.rope_style)
+    return q, k
+
+
+def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False, need_weights=True, *,
+                         positions=None, rope_base=None, rope_style="half", window=None, softcap=None,
+                         qk_norm_eps=1e-6, scale=None):
     """``MultiHead(X_q, X_kv) = Concat(head_1, ..., head_h) W^O + b^O``, ``head_i = Attention(Q_i, K_i, V_i)``.
 
     Fused form: one projection per Q/K/V, reshaped to ``(N, h, L, head_dim)``; with GQA each key/value head is
@@ -85,13 +103,35 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False,
     axis for 2-D input; ``weights`` is None with ``need_weights=False`` (as ``mha.MultiHeadAttention``).
     All-masked query rows give zero weights; their output row is ``b_o`` (zero before the output projection).
 
-    Book: part I, 'From one head to h heads'; GQA/MQA: part II, 'MQA and GQA'.
+    The parts of today's models, in the order the layer applies them (each off by default, and then the result is
+    exactly the one above)::
+
+        q, k, v = x W (+ b), split into heads  ->  QK-norm  ->  RoPE  ->  S = scale q k^T  ->  soft-cap
+        ->  masks (mask, is_causal, window)  ->  softmax with sinks  ->  A v  ->  merge heads, W_o (+ b_o)
+
+    * QK-norm, when ``params`` has ``q_norm`` and ``k_norm`` (shape ``(head_dim,)``): ``q <- rms_norm(q, q_norm,
+      qk_norm_eps)`` per head over head_dim, and k likewise (:func:`rms_norm`; ``qk_norm_eps`` finite > 0).
+    * RoPE, when ``rope_base`` is a number (e.g. 10000.0): :func:`rope` on q and k (never v) with ``rope_style``
+      ("half" or "interleaved"; head_dim must be even). ``positions`` are the absolute positions, integers >= 0:
+      for self-attention shape ``(L,)`` or ``(N, L)`` (``(L,)`` for 2-D input), default ``arange(L)``; for
+      cross-attention (x_kv given) RoPE needs both, ``positions=(positions_q, positions_kv)``, with no default
+      (e.g. a KV cache: x_kv the whole sequence at ``arange(L_kv)``, x_q its last L_q tokens at ``L_kv - L_q +
+      arange(L_q)``, with ``is_causal=True``). ``positions`` without ``rope_base`` is refused.
+    * ``scale`` (finite > 0) replaces ``1/sqrt(head_dim)``; ``softcap``, ``window`` (which implies causal) and the
+      sinks, when ``params`` has ``sinks`` (shape ``(h,)``, one logit per query head), are those of
+      :func:`scaled_dot_product_attention`. The returned weights exclude the sink column.
+
+    Book: part I, 'From one head to h heads' and 'Attention in today's models'; GQA/MQA: part II, 'MQA and GQA'.
     """
+    self_attention = x_kv is None
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
     need_weights = _check_flag("need_weights", need_weights)
+    opts, mask = _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, positions, rope_base,
+                                     rope_style, window, softcap, qk_norm_eps, scale)
     q, k, v = _project(x_q, x_kv, p, dims)
+    q, k = _qk_norm_rope(q, k, p, opts)  # QK-norm, then RoPE (each only when on)
     n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
-    heads, weights = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)
+    heads, weights = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, **opts.sdpa)
     out = _linear(merge_heads(heads), p["W_o"], p.get("b_o"))  # (N, L_q, d_model)
     if unbatched:
         out, weights = out[0], weights[0]
@@ -104,7 +144,8 @@ def head_weights(params, n_heads):
     Each dict has ``W_q_i = W_q[:, i*head_dim:(i+1)*head_dim]``, ``W_k_i``/``W_v_i`` = the columns of key/value head
     ``kv_head = i // (h/g)``, ``W_o_i = W_o[i*head_dim:(i+1)*head_dim, :]`` (row block i of W_o), the matching bias
     slices ``b_q_i``, ``b_k_i``, ``b_v_i`` (None when params has no such bias) and ``kv_head`` (an int).
-    ``b_o`` is not per head: it is added once after the sum over heads. Arrays are views (float64).
+    ``b_o`` is not per head: it is added once after the sum over heads. Arrays are views (float64). The keys of
+    today's models (``q_norm``, ``k_norm``, ``sinks``) are not projection blocks and are not in the dicts.
 
     Book: part I, 'From one head to h heads'.
     """
@@ -140,12 +181,17 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_caus
 
     A Python loop over heads with the separate matrices of ``head_weights``. Concatenating heads and multiplying by
     W^O equals summing ``head_i W_i^O`` over the row blocks W_i^O of W^O, so this equals ``multi_head_attention``
-    (same arguments, same return shapes); the book proves it, the tests check it.
+    (same arguments, same return shapes); the book proves it, the tests check it. It is the plain layer: params with
+    ``q_norm``, ``k_norm`` or ``sinks`` are refused (ValueError; ``multi_head_attention`` computes them).
 
     Book: part I, 'From one head to h heads'.
     """
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
     need_weights = _check_flag("need_weights", need_weights)
+    extra = [key for key in _EXTRA_KEYS if key in p]
+    if extra:
+        raise ValueError(f"multi_head_attention_per_head computes the plain layer, but params has {extra}; use "
+                         f"multi_head_attention for QK-norm and sinks")
     N, L_q, L_kv = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
     if mask is not None:
         mask = np.broadcast_to(mask, (N, dims.n_heads, L_q, L_kv))  # (N, h, L_q, L_kv)
@@ -164,17 +210,24 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_caus
     return out, weights if need_weights else None
 
 
-def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, seed=0):
+def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, seed=0, *, qk_norm=False,
+                sinks=False):
     """Random parameters in the dict convention: entries ~ N(0, 1/fan_in), biases ~ N(0, 0.1^2) (or absent).
 
     ``n_kv_heads`` defaults to ``n_heads`` (MHA); ``head_dim`` to ``d_model // n_heads``. ``bias`` is True or False
     (TypeError otherwise); ``seed`` an int >= 0, None (not reproducible) or a ``np.random.Generator`` (drawn from,
     so it advances). For examples and tests.
 
+    ``qk_norm=True`` adds ``q_norm`` and ``k_norm`` (shape ``(head_dim,)``, ``1 + N(0, 0.1^2)``: near the usual
+    all-ones start, but not equal to it, so that tests see the weights), ``sinks=True`` adds ``sinks`` (shape
+    ``(n_heads,)``, ``N(0, 0.5^2)``). They are drawn after all the other entries, so the other entries are the same
+    with or without them (both flags True or False).
+
     Book: part I, 'From one head to h heads'.
     """
     d_model, n_heads, n_kv_heads, head_dim = head_shape(d_model, n_heads, n_kv_heads, head_dim)
     bias, seed = _check_flag("bias", bias), _check_seed(seed)
+    qk_norm, sinks = _check_flag("qk_norm", qk_norm), _check_flag("sinks", sinks)
     rng = np.random.default_rng(seed)
     q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
     shapes = {
@@ -184,4 +237,9 @@ def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, see
     if bias:
         for key, width in (("b_q", q_width), ("b_k", kv_width), ("b_v", kv_width), ("b_o", d_model)):
             params[key] = 0.1 * rng.standard_normal(width)
+    if qk_norm:  # drawn after the entries above: those stay the same draws
+        params["q_norm"] = 1.0 + 0.1 * rng.standard_normal(head_dim)
+        params["k_norm"] = 1.0 + 0.1 * rng.standard_normal(head_dim)
+    if sinks:
+        params["sinks"] = 0.5 * rng.standard_normal(n_heads)
     return params
