@@ -20,13 +20,13 @@ def layer_and_params(h=4, g=2, d=16, seed=0):
 
 
 def test_signatures_agree():
-    """mask, is_causal, need_weights: the same names, in the same order, with the same defaults."""
+    """mask, is_causal, need_weights, positions: the same names, in the same order, with the same defaults."""
     ours = inspect.signature(MultiHeadAttention.forward).parameters
     ref = inspect.signature(R.multi_head_attention).parameters
     shared = [name for name in ours if name in ref]
-    assert shared == ["x_q", "x_kv", "mask", "is_causal", "need_weights"]
+    assert shared == ["x_q", "x_kv", "mask", "is_causal", "need_weights", "positions"]
     assert [name for name in ref if name in ours] == shared
-    for name in ("mask", "is_causal", "need_weights"):
+    for name in ("mask", "is_causal", "need_weights", "positions"):
         assert ours[name].default == ref[name].default, name
     for fn in (R.scaled_dot_product_attention, R.scaled_dot_product_attention_grad, R.online_softmax_attention,
                R.multi_head_attention_per_head, R.multi_head_attention_grad):

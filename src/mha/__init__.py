@@ -5,10 +5,13 @@ The core (book parts I and II)
 ``mha.reference``  NumPy float64 reference: softmax, attention, multi-head attention, hand-derived backward,
                    online-softmax attention.
 ``mha.attention``  ``MultiHeadAttention``: the PyTorch module (MHA, GQA, MQA; sdpa and naive paths).
-``mha.kv_cache``   ``KVCache``: a preallocated key/value cache for autoregressive decoding.
+``mha.kv_cache``   ``KVCache``: a preallocated key/value cache for autoregressive decoding (a ring buffer for sliding
+                   windows, with StreamingLLM's sink tokens).
+``mha.rope``       RoPE ("half" and "interleaved" pairs), QK-norm's RMSNorm and the sliding-window mask, for tensors.
 ``mha.counting``   exact parameter, FLOP and memory counts (a forward pass, one cached decoding step).
 ``mha.convert``    conversions: an MHA layer pooled to GQA/MQA (Ainslie et al. 2023), GQA expanded back to MHA,
-                   our layer's weights into ``torch.nn.MultiheadAttention``.
+                   our layer's weights into ``torch.nn.MultiheadAttention``, Hugging Face's attention layers into
+                   ours (``from_hf``).
 ``mha.exercises``  graded "write it yourself" checkers: ``check_softmax(my_softmax)`` and ten more, each naming the
                    book's equation and the known bug that a wrong result matches.
 ``mha.kernels``    ``flash_attention``: FlashAttention forward and backward in Triton (part II, "From the recurrence
@@ -39,7 +42,8 @@ _LAZY = {
     "MultiHeadAttention": "mha.attention",
     "KVCache": "mha.kv_cache",
 }
-_SUBMODULES = {"reference", "attention", "kv_cache", "counting", "convert", "exercises", "kernels", "experiments"}
+_SUBMODULES = {"reference", "attention", "kv_cache", "rope", "counting", "convert", "exercises", "kernels",
+               "experiments"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

@@ -18,7 +18,25 @@ any backend, and gradients stay finite), then zeroed with ``torch.where`` on a p
 mask. This costs two small boolean ops and happens only when a user mask is given (or a causal mask with L_q > L_kv).
 So tensor values are never checked either: NaN or infinity in the inputs (or the weights) raises nothing and
 propagates into the output (within the sequences it is in) instead; check them yourself where they may occur, or use
-the NumPy reference ``mha.reference``, which refuses them.
+the NumPy reference ``mha.reference``, which refuses them. (The one exception: ``positions`` on the CPU are checked
+for negative values, which reads host memory only.)
+
+Attention in today's models (all off by default; without them the module is exactly the one above). The layer, in
+order: q = x W_q (+ b_q), k, v likewise; split into heads; QK-norm (``qk_norm``: RMSNorm over head_dim, one weight
+(head_dim,) for q and one for k, shared by the heads); RoPE on q and k (``rope_base``, ``rope_style``: see
+``mha.rope``) at absolute positions; scores = scale q k^T; soft-capping (``softcap``: scores <- c tanh(scores / c),
+Gemma 2); masks (the user's, causal, and the sliding ``window``: query p sees keys p - W < j <= p, W counting the
+query itself, gpt-oss's and Hugging Face's convention); softmax, with ``sinks`` (gpt-oss) one learned logit per
+query head joining each row's softmax and then dropped (rows sum to 1 - p_sink; a row with no allowed key puts all
+its weight on the sink and gives zero output); weights @ v; merge; W_o (+ b_o). A window is causal by itself, and
+``rope_base``/``window`` are for self-attention (x_kv None). ``new_cache`` builds the cache the module needs (a ring
+buffer of ``window`` slots when it has a window; ``mha.kv_cache`` explains why it is exact).
+
+Which path computes what: ``softcap`` runs on the naive path (SDPA cannot cap scores), whatever ``impl``; ``sinks`` run
+on the sdpa path as one extra key column (q gets one more coordinate, sink_h / scale; each key a 0 there; one extra
+key (0, ..., 0, 1) with value 0 scores exactly sink_h: no copy of K/V per query head, GQA kept), and on the naive path
+as an extra column of the scores, as gpt-oss's reference does; the tests check that both paths agree. The window is a
+boolean mask on both paths. ``impl="triton"`` takes none of the new options.
 """
 
 from __future__ import annotations
@@ -29,8 +47,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha._checks import attention_scale, check_bool, check_choice, check_float, check_like, check_type, head_shape
+from mha._checks import (attention_scale, check_bool, check_choice, check_float, check_int, check_like, check_type,
+                         head_shape)
 from mha.kv_cache import KVCache
+from mha.rope import ROPE_STYLES, apply_rope, rms_norm, rope_cos_sin, window_mask
 
 __all__ = ["MultiHeadAttention", "causal_mask"]
 
@@ -69,13 +89,26 @@ class MultiHeadAttention(nn.Module):
             book: part II, "From the recurrence to a kernel").
         scale: multiplier of q k^T. None means 1 / sqrt(head_dim); a float is used as given (1.0 disables
             scaling, for the book's scaling ablation, part III "The scaling ablation").
+        rope_base: None (no RoPE) or the RoPE base (10000 in Llama 2; > 0): theta_i = base ** (-2 i / head_dim);
+            needs an even head_dim.
+        rope_style: "half" (pairs (x_i, x_{i+d/2}), Hugging Face's rotate_half) or "interleaved" (pairs
+            (x_{2i}, x_{2i+1}), Meta's original code).
+        window: None or W >= 1: query at position p sees keys p - W < j <= p (itself included; causal).
+        sinks: one learned sink logit per query head (parameter ``sinks``, (n_heads,), zeros at first).
+        qk_norm: RMSNorm of q and k over head_dim (parameters ``q_norm``, ``k_norm``, (head_dim,), ones at first).
+        qk_norm_eps: the RMSNorm's epsilon (> 0).
+        softcap: None or c > 0: scores <- c * tanh(scores / c) before the masks.
 
     Attributes: d_model, n_heads, n_kv_heads, head_dim, impl, dropout, and ``scale`` (the scale actually used,
-    a float: 1 / sqrt(head_dim) when the argument was None). Submodules q_proj, k_proj, v_proj, o_proj.
+    a float: 1 / sqrt(head_dim) when the argument was None); rope_base (a float or None), rope_style, window,
+    softcap, qk_norm (bool), qk_norm_eps. Submodules q_proj, k_proj, v_proj, o_proj; parameters ``sinks``,
+    ``q_norm``, ``k_norm`` (None when off, and then absent from ``state_dict``).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, head_dim: int | None = None,
-                 bias: bool = True, dropout: float = 0.0, impl: str = "sdpa", scale: float | None = None):
+                 bias: bool = True, dropout: float = 0.0, impl: str = "sdpa", scale: float | None = None, *,
+                 rope_base: float | None = None, rope_style: str = "half", window: int | None = None,
+                 sinks: bool = False, qk_norm: bool = False, qk_norm_eps: float = 1e-6, softcap: float | None = None):
         super().__init__()
         d_model, n_heads, n_kv_heads, head_dim = head_shape(d_model, n_heads, n_kv_heads, head_dim)
         check_choice("impl", impl, IMPLS)
@@ -85,6 +118,19 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"impl='triton' has no attention dropout: dropout must be 0, got {dropout!r}; use "
                              f"impl='sdpa' or impl='naive' for dropout")
         scale = attention_scale(scale, head_dim)  # the rule mha.reference applies
+        check_choice("rope_style", rope_style, ROPE_STYLES)
+        if rope_base is not None:
+            rope_base = check_float("rope_base", rope_base, minimum=0.0, min_inclusive=False)
+            if head_dim % 2:
+                raise ValueError(f"rope_base needs an even head_dim (RoPE rotates pairs of coordinates), got "
+                                 f"head_dim={head_dim}")
+        if window is not None:
+            window = check_int("window", window, minimum=1)
+        check_bool("sinks", sinks)
+        check_bool("qk_norm", qk_norm)
+        qk_norm_eps = check_float("qk_norm_eps", qk_norm_eps, minimum=0.0, min_inclusive=False)
+        if softcap is not None:
+            softcap = check_float("softcap", softcap, minimum=0.0, min_inclusive=False)
 
         self.d_model = d_model  # width of the residual stream
         self.n_heads = n_heads  # h, query heads
@@ -97,15 +143,52 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
+        self.rope_base = rope_base  # None: no RoPE
+        self.rope_style = rope_style  # "half" or "interleaved"
+        self.window = window  # None: no sliding window
+        self.softcap = softcap  # None: no soft-capping
+        self.qk_norm = bool(qk_norm)
+        self.qk_norm_eps = float(qk_norm_eps)
+        # Registered after the projections, and only when asked for: without the options, state_dict is today's.
+        self.register_parameter("sinks", nn.Parameter(torch.zeros(n_heads)) if sinks else None)  # (h,)
+        self.register_parameter("q_norm", nn.Parameter(torch.ones(head_dim)) if qk_norm else None)  # (head_dim,)
+        self.register_parameter("k_norm", nn.Parameter(torch.ones(head_dim)) if qk_norm else None)  # (head_dim,)
+        if impl == "triton":
+            self._check_triton_options()
+
+    def _options(self) -> list[str]:
+        """The options of today's models that are on, in words ("rope_base=10000", "sinks=True", ...)."""
+        out = [] if self.rope_base is None else [f"rope_base={self.rope_base:g}, rope_style={self.rope_style!r}"]
+        out += [] if self.window is None else [f"window={self.window}"]
+        out += [] if self.sinks is None else ["sinks=True"]
+        out += [f"qk_norm=True, qk_norm_eps={self.qk_norm_eps:g}"] if self.qk_norm else []
+        out += [] if self.softcap is None else [f"softcap={self.softcap:g}"]
+        return out
+
+    def _check_triton_options(self) -> None:
+        if self._options():
+            raise ValueError(f"impl='triton' (the package's FlashAttention kernel) takes none of rope_base, window, "
+                             f"sinks, qk_norm, softcap; got {', '.join(self._options())}: use impl='sdpa' or "
+                             f"impl='naive'")
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, impl={self.impl!r}, dropout={self.dropout}, scale={self.scale:.6g}")
+                f"head_dim={self.head_dim}, impl={self.impl!r}, dropout={self.dropout}, scale={self.scale:.6g}"
+                + "".join(f", {option}" for option in self._options()))
+
+    def new_cache(self, batch_size: int, max_len: int, *, n_sink_tokens: int = 0) -> KVCache:
+        """The :class:`KVCache` this module needs, with its parameters' dtype and device: a full cache of ``max_len``
+        positions, or with a window a ring buffer of ``n_sink_tokens + window`` slots that decodes up to ``max_len``
+        positions (as gpt-fast's ``setup_caches``). ``n_sink_tokens`` (window only): StreamingLLM's kept tokens."""
+        weight = self.q_proj.weight
+        return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype=weight.dtype, device=weight.device,
+                       window=self.window, n_sink_tokens=n_sink_tokens)
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 is_causal: bool = False, need_weights: bool = True, kv_cache: KVCache | None = None,
-                head_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                head_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x_q`` to ``x_kv`` (or to ``x_q`` itself, or to everything in ``kv_cache``).
 
         Book: part I, "From one head to h heads"; part II, "Autoregressive decoding and the KV cache".
@@ -124,12 +207,21 @@ class MultiHeadAttention(nn.Module):
                 when the call succeeds (a failed call leaves it as it was), and it is this module's alone: a cache
                 holding positions written by another module is refused.
             head_mask: (h,) float or bool; multiplies each head's output before o_proj (differentiable).
+            positions: RoPE only: the queries' (and this call's keys') absolute positions, an integer tensor (L_q,) or
+                (N, L_q), >= 0. None means arange(L_q), and with a cache cache.length + arange(L_q). The causal and
+                window masks use the sequence index (cache.length + i), not ``positions`` (as Hugging Face's
+                position_ids and cache_position).
+
+            With a window, ``kv_cache`` must be a ring buffer with the same window (``new_cache``); ``mask`` then
+            still covers the absolute positions (.., L_q, cache.length + L_q), and the weights returned are laid out
+            over them too (zero outside the window).
 
         Returns:
             ``(out, weights)``: out (N, L_q, d_model) (unbatched: (L_q, d_model)); weights (N, h, L_q, L_kv)
             (unbatched: (h, L_q, L_kv)), the softmax probabilities before dropout, or None.
         """
-        unbatched, l_q, l_kv = self._check_inputs(x_q, x_kv, mask, kv_cache, head_mask, is_causal, need_weights)
+        unbatched, l_q, l_kv = self._check_inputs(x_q, x_kv, mask, kv_cache, head_mask, is_causal, need_weights,
+                                                  positions)
         if unbatched:
             x_q = x_q.unsqueeze(0)  # (1, L_q, d_model)
             x_kv = None if x_kv is None else x_kv.unsqueeze(0)  # (1, L_kv, d_model)
@@ -142,9 +234,25 @@ class MultiHeadAttention(nn.Module):
         l_new = x_kv.shape[1]
         k = self.k_proj(x_kv).view(n, l_new, g, hd).transpose(1, 2)  # (N, g, L_new, head_dim)
         v = self.v_proj(x_kv).view(n, l_new, g, hd).transpose(1, 2)  # (N, g, L_new, head_dim)
+        if self.qk_norm:
+            q = rms_norm(q, self.q_norm, self.qk_norm_eps)  # (N, h, L_q, head_dim)
+            k = rms_norm(k, self.k_norm, self.qk_norm_eps)  # (N, g, L_new, head_dim)
+        if self.rope_base is not None:  # self-attention: the keys are at the queries' positions
+            if positions is None:
+                start = 0 if kv_cache is None else kv_cache.length
+                positions = torch.arange(start, start + l_q, device=q.device)  # (L_q,)
+            cos, sin = rope_cos_sin(positions, hd, self.rope_base, q.dtype)  # each (L_q, d/2) or (N, L_q, d/2)
+            q = apply_rope(q, cos, sin, self.rope_style)  # (N, h, L_q, head_dim)
+            k = apply_rope(k, cos, sin, self.rope_style)  # (N, g, L_q, head_dim)
         if kv_cache is None:
-            out, weights = self._attention(q, k, v, mask, is_causal, need_weights, l_q, l_kv)
+            allowed = None  # (L_q, L_kv) sliding-window mask, or None
+            if self.window is not None:
+                index = torch.arange(l_q, device=q.device)  # (L_q,) = (L_kv,): self-attention
+                allowed = window_mask(index, index, self.window)
+            out, weights = self._attention(q, k, v, mask, is_causal, need_weights, l_q, l_kv, allowed)
             return self._merge_and_project(out, weights, head_mask, unbatched)
+        if kv_cache.window is not None:
+            return self._ring_forward(q, k, v, mask, need_weights, head_mask, unbatched, kv_cache)
         cached = kv_cache.length
         try:
             k, v = kv_cache.append(k, v)  # each (N, g, L_kv, head_dim), L_kv = cached + L_q
@@ -158,28 +266,53 @@ class MultiHeadAttention(nn.Module):
         kv_cache._claim(self)  # the cache now holds this module's keys; other modules are refused (check_append)
         return out, weights
 
-    def _attention(self, q, k, v, mask, is_causal, need_weights, l_q, l_kv):
-        """(out (N, h, L_q, head_dim), weights (N, h, L_q, L_kv) or None) by the module's impl, masks applied."""
+    def _ring_forward(self, q, k, v, mask, need_weights, head_mask, unbatched, cache):
+        """A call with a ring-buffer cache: attend over every slot followed by this call's keys (window mask from the
+        absolute positions they hold), and write the new keys only once everything has succeeded, so that a failed
+        call leaves the ring exactly as it was (see ``mha.kv_cache``)."""
+        l_q, length = q.shape[2], cache.length
+        k_all, v_all, key_positions = cache.window_keys(k, v)  # (N, g, S + W + L_q, head_dim) x2, (S + W + L_q,)
+        query_positions = torch.arange(length, length + l_q, device=q.device)  # (L_q,)
+        allowed = window_mask(query_positions, key_positions, self.window, cache.n_sink_tokens)  # (L_q, S+W+L_q)
+        index = key_positions.clamp(min=0)  # empty slots (-1) read column 0, masked out by ``allowed`` anyway
+        if mask is not None and mask.shape[-1] != 1:
+            mask = mask.index_select(-1, index)  # absolute positions -> slot order, (.., L_q, S + W + L_q)
+        out, weights = self._attention(q, k_all, v_all, mask, True, need_weights, l_q, k_all.shape[2], allowed)
+        if weights is not None:  # back over the absolute positions, (N, h, L_q, length + L_q), zero outside
+            full = weights.new_zeros(*weights.shape[:-1], length + l_q)
+            weights = full.scatter_add_(-1, index.expand_as(weights), weights)
+        out, weights = self._merge_and_project(out, weights, head_mask, unbatched)
+        cache.commit(k, v)  # only now: nothing was written if anything above failed
+        cache._claim(self)
+        return out, weights
+
+    def _attention(self, q, k, v, mask, is_causal, need_weights, l_q, l_kv, allowed=None):
+        """(out (N, h, L_q, head_dim), weights (N, h, L_q, L_kv) or None) by the module's impl, masks applied.
+
+        ``allowed``: a (L_q, L_kv) sliding-window mask (causal by itself, so it replaces ``is_causal``), or None.
+        """
         if self.impl == "triton":
             return self._triton_attention(q, k, v, is_causal), None  # (N, h, L_q, head_dim)
 
-        # Combine the user's mask and the causal mask into one boolean mask (or None), and note whether some
-        # query row may have no allowed key (then its weights and output are set to zero, never NaN).
+        # Combine the user's mask and the causal (or window) mask into one boolean mask (or None), and note whether
+        # some query row may have no allowed key (then its weights and output are set to zero, never NaN).
         sdpa_causal = False
         attn_mask = mask
-        if is_causal:
-            use_sdpa = self.impl == "sdpa" and not need_weights
+        if allowed is not None:
+            attn_mask = allowed if mask is None else mask & allowed  # broadcast to (.., L_q, L_kv)
+        elif is_causal:
+            use_sdpa = self.impl == "sdpa" and not need_weights and self.sinks is None and self.softcap is None
             if use_sdpa and mask is None and l_q == l_kv:
                 sdpa_causal = True  # SDPA's own causal path (top-left == bottom-right when L_q == L_kv)
             else:
                 causal = causal_mask(l_q, l_kv, q.device)  # (L_q, L_kv)
                 attn_mask = causal if mask is None else mask & causal  # broadcast to (.., L_q, L_kv)
         row_has_key = None  # (.., L_q, 1) boolean, only when a row could be fully masked
-        if mask is not None or (is_causal and l_q > l_kv):
+        if mask is not None or (allowed is None and is_causal and l_q > l_kv):
             row_has_key = attn_mask.any(dim=-1, keepdim=True)  # (.., L_q, 1)
             attn_mask = attn_mask | ~row_has_key  # a fully masked row attends everywhere; zeroed below
 
-        if self.impl == "naive" or need_weights:
+        if self.impl == "naive" or need_weights or self.softcap is not None:  # SDPA cannot soft-cap
             out, weights = self._naive_attention(q, k, v, attn_mask, row_has_key)
             return out, weights if need_weights else None
         return self._sdpa_attention(q, k, v, attn_mask, row_has_key, sdpa_causal), None
@@ -213,13 +346,34 @@ class MultiHeadAttention(nn.Module):
         """softmax(q k^T * scale) v with ``F.scaled_dot_product_attention``; GQA via ``enable_gqa`` (no K/V copy).
 
         Book: part I, "Scaled dot-product attention"; part II, "MQA and GQA".
+
+        With sinks: one extra key column whose score is exactly sink_h for query head h (module docstring).
         """
+        if self.sinks is not None:
+            q, k, v, attn_mask = self._append_sink_key(q, k, v, attn_mask)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal,
             scale=self.scale, enable_gqa=self.n_kv_heads < self.n_heads)  # (N, h, L_q, head_dim)
         if row_has_key is not None:
             out = torch.where(row_has_key, out, 0.0)  # fully masked rows -> 0, (N, h, L_q, head_dim)
         return out
+
+    def _append_sink_key(self, q, k, v, attn_mask):
+        """q (N, h, L_q, d) -> (.., d + 1) with sink_h / scale last; k -> (N, g, L_kv + 1, d + 1): each key gets a 0,
+        and one more key (0, ..., 0, 1); v -> (N, g, L_kv + 1, d) with a zero value; the mask gets an allowed column.
+        Then scale * q' . k'_sink = sink_h for every query of head h, and the sink adds nothing to the output."""
+        n, h, l_q, hd = q.shape
+        g, l_kv = k.shape[1], k.shape[2]
+        sink_q = (self.sinks.to(q.dtype) / self.scale).view(1, h, 1, 1).expand(n, h, l_q, 1)
+        q = torch.cat([q, sink_q], dim=-1)  # (N, h, L_q, d + 1)
+        sink_k = torch.zeros(n, g, 1, hd + 1, dtype=k.dtype, device=k.device)
+        sink_k[..., -1] = 1.0
+        k = torch.cat([torch.cat([k, k.new_zeros(n, g, l_kv, 1)], dim=-1), sink_k], dim=2)  # (N, g, L_kv + 1, d + 1)
+        v = torch.cat([v, v.new_zeros(n, g, 1, hd)], dim=2)  # (N, g, L_kv + 1, d)
+        if attn_mask is not None:
+            attn_mask = attn_mask.expand(*attn_mask.shape[:-1], l_kv)  # a key axis of 1 -> L_kv
+            attn_mask = torch.cat([attn_mask, attn_mask.new_ones(*attn_mask.shape[:-1], 1)], dim=-1)  # sink allowed
+        return q, k, v, attn_mask
 
     def _naive_attention(self, q, k, v, attn_mask, row_has_key):
         """The textbook computation: scores = q k^T * scale, mask with -inf, softmax, dropout, @ v.
@@ -242,20 +396,29 @@ class MultiHeadAttention(nn.Module):
         q_grouped = q.reshape(n, g, n_rep * l_q, hd)  # (N, g, (h/g) * L_q, head_dim): head j -> group j // (h/g)
         scores = (q_grouped @ k.transpose(-2, -1)) * self.scale  # (N, g, (h/g) * L_q, L_kv)
         scores = scores.view(n, h, l_q, l_kv)  # (N, h, L_q, L_kv)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)  # soft-capped to (-softcap, softcap)
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf"))  # (N, h, L_q, L_kv)
-        weights = torch.softmax(scores, dim=-1).to(v.dtype)  # (N, h, L_q, L_kv)
+        if self.sinks is None:
+            weights = torch.softmax(scores, dim=-1).to(v.dtype)  # (N, h, L_q, L_kv)
+        else:  # one more column per row, sink_h, in the softmax; dropped after: rows sum to 1 - p_sink
+            sink = self.sinks.to(scores.dtype).view(1, h, 1, 1).expand(n, h, l_q, 1)
+            weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1].to(v.dtype)
         if row_has_key is not None:
             weights = torch.where(row_has_key, weights, 0.0)  # fully masked rows -> 0, (N, h, L_q, L_kv)
         dropped = F.dropout(weights, p=self.dropout, training=self.training)  # (N, h, L_q, L_kv)
-        out = dropped.view(n, g, n_rep * l_q, l_kv) @ v  # (N, g, (h/g) * L_q, head_dim)
+        out = dropped.reshape(n, g, n_rep * l_q, l_kv) @ v  # (N, g, (h/g) * L_q, head_dim)
         out = out.view(n, h, l_q, hd)  # (N, h, L_q, head_dim)
         return out, weights
 
     # --------------------------------------------------------------------------------------------- validation
-    def _check_inputs(self, x_q, x_kv, mask, kv_cache, head_mask, is_causal, need_weights) -> tuple[bool, int, int]:
+    def _check_inputs(self, x_q, x_kv, mask, kv_cache, head_mask, is_causal, need_weights,
+                      positions=None) -> tuple[bool, int, int]:
         """Check shapes, dtypes and devices (metadata only, no device reads). Returns (unbatched, L_q, L_kv)."""
         check_choice("impl", self.impl, IMPLS)
+        if self.impl == "triton":
+            self._check_triton_options()
         check_bool("is_causal", is_causal)
         check_bool("need_weights", need_weights)
         weight = self.q_proj.weight
@@ -276,6 +439,10 @@ class MultiHeadAttention(nn.Module):
             if kv_cache is not None:
                 raise ValueError("kv_cache is for self-attention only: x_kv must be None when kv_cache is given, "
                                  f"got x_kv of shape {tuple(x_kv.shape)}")
+            if self.rope_base is not None or self.window is not None:
+                raise ValueError(f"rope_base and window are for self-attention (the keys' positions are the queries'): "
+                                 f"x_kv must be None for this module ({', '.join(self._options())}), got x_kv of "
+                                 f"shape {tuple(x_kv.shape)}")
             check_type("x_kv", x_kv, torch.Tensor, "a torch.Tensor or None")
             if x_kv.ndim != x_q.ndim:
                 raise ValueError(f"x_kv must have the same rank as x_q: x_q has shape {tuple(x_q.shape)}, x_kv has "
@@ -288,6 +455,10 @@ class MultiHeadAttention(nn.Module):
             l_kv = x_kv.shape[-2]
         if kv_cache is not None:
             check_type("kv_cache", kv_cache, KVCache, "a mha.KVCache or None")
+            if kv_cache.window != self.window:
+                raise ValueError(f"kv_cache has window={kv_cache.window} but the module has window={self.window}: a "
+                                 f"module with a window needs a ring-buffer cache with the same window, a module "
+                                 f"without one a full cache (build it with module.new_cache(batch_size, max_len))")
             kv_cache.check_append(n, l_q, self.n_kv_heads, self.head_dim, x_q.dtype, x_q.device,
                                   who="x_q (its keys/values)", owner=self)
             l_kv = kv_cache.length + l_q
@@ -314,6 +485,8 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"head_mask must be a float or bool tensor, got dtype {head_mask.dtype}")
             if head_mask.device != x_q.device:
                 raise ValueError(f"device mismatch: head_mask is on {head_mask.device}, x_q is on {x_q.device}")
+        if positions is not None:
+            self._check_positions(positions, n, l_q, unbatched, x_q.device)
         if self.impl == "triton":  # what the kernel cannot do, refused before anything (the cache) is touched
             if mask is not None:
                 raise ValueError("impl='triton' supports is_causal=True but not an arbitrary mask; got a mask of shape "
@@ -322,6 +495,23 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("impl='triton' never forms the attention weights, so need_weights must be False; "
                                  "use impl='sdpa' or impl='naive' to get them")
         return unbatched, l_q, l_kv
+
+    def _check_positions(self, positions, n: int, l_q: int, unbatched: bool, device: torch.device) -> None:
+        """positions: an integer tensor (L_q,) or (N, L_q) on x_q's device; on the CPU also >= 0."""
+        if self.rope_base is None:
+            raise ValueError("positions are RoPE's positions, but this module has no RoPE (rope_base=None): pass "
+                             "positions=None, or build the module with rope_base=...")
+        check_type("positions", positions, torch.Tensor, "an integer torch.Tensor or None")
+        if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+            raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        shapes = [(l_q,)] if unbatched else [(l_q,), (n, l_q)]
+        if tuple(positions.shape) not in shapes:
+            expected = f"(L_q,) = ({l_q},)" + ("" if unbatched else f" or (N, L_q) = ({n}, {l_q})")
+            raise ValueError(f"positions must have shape {expected}, got shape {tuple(positions.shape)}")
+        if positions.device != device:
+            raise ValueError(f"device mismatch: positions is on {positions.device}, x_q is on {device}")
+        if positions.device.type == "cpu" and bool((positions < 0).any()):  # host memory: no device sync
+            raise ValueError(f"positions must be integers >= 0, got a minimum of {int(positions.min())}")
 
     def _check_width_and_length(self, name: str, x: torch.Tensor) -> None:
         """x (.., L, d_model) with d_model the module's and at least one position."""
@@ -347,10 +537,20 @@ class MultiHeadAttention(nn.Module):
                 "b_v": (self.v_proj.bias, (g * hd,), False),
                 "b_o": (self.o_proj.bias, (d,), False),
             })
+        if self.sinks is not None:
+            specs["sinks"] = (self.sinks, (h,), False)
+        if self.qk_norm:
+            specs.update({"q_norm": (self.q_norm, (hd,), False), "k_norm": (self.k_norm, (hd,), False)})
         return specs
 
+    def _describe_params(self) -> str:
+        """What decides the params dict's keys: "bias=True", plus the parameters of the options that have some."""
+        extra = (", sinks=True" if self.sinks is not None else "") + (", qk_norm=True" if self.qk_norm else "")
+        return f"bias={self.q_proj.bias is not None}{extra}"
+
     def export_params(self) -> dict[str, np.ndarray]:
-        """The weights as the NumPy params dict (float64 arrays): W_q = q_proj.weight.T, b_q = q_proj.bias, ...
+        """The weights as the NumPy params dict (float64 arrays): W_q = q_proj.weight.T, b_q = q_proj.bias, ...;
+        with the options, "sinks" (h,), "q_norm" and "k_norm" (head_dim,) (the keys ``mha.reference`` uses).
 
         Book: part I, "From one head to h heads" (the parameter names). Round-trips with :meth:`load_params`.
         """
@@ -372,11 +572,11 @@ class MultiHeadAttention(nn.Module):
         params = {key: value for key, value in params.items() if value is not None}  # None = absent (as in reference)
         missing = sorted(set(specs) - set(params))
         if missing:
-            raise ValueError(f"params is missing {missing} (module has bias={self.q_proj.bias is not None}); "
+            raise ValueError(f"params is missing {missing} (module has {self._describe_params()}); "
                              f"expected keys {sorted(specs)}")
         extra = sorted(set(params) - set(specs))
         if extra:
-            raise ValueError(f"params has unexpected keys {extra} (module has bias={self.q_proj.bias is not None}); "
+            raise ValueError(f"params has unexpected keys {extra} (module has {self._describe_params()}); "
                              f"expected keys {sorted(specs)}")
         values = {}
         for name, (tensor, shape, transposed) in specs.items():

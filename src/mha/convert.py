@@ -12,7 +12,12 @@ an MHA layer computes the same function with an h / g times larger KV cache (the
 ``copy_to_torch_mha`` copies a ``mha.MultiHeadAttention``'s weights into ``torch.nn.MultiheadAttention`` (whose
 packed ``in_proj_weight`` is [W_q^T; W_k^T; W_v^T]).
 
-Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-by-side timings).
+``from_hf`` builds a ``mha.MultiHeadAttention`` holding the weights and settings of one of Hugging Face's attention
+layers (Llama, Mistral, Qwen3, Gemma 2, Gemma 3, gpt-oss; sliding and full layers), so that the same inputs give the
+same outputs (tests/test_from_hf.py checks it against tiny random models, prefill and ring-buffer decoding).
+
+Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-by-side timings); "Attention in
+today's models" (``from_hf``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from mha._checks import check_choice, check_int, check_type
 from mha.reference import check_params
 
-__all__ = ["mha_to_gqa", "gqa_to_mha", "copy_to_torch_mha", "METHODS"]
+__all__ = ["mha_to_gqa", "gqa_to_mha", "copy_to_torch_mha", "from_hf", "METHODS", "HF_ATTENTION_CLASSES"]
 
 METHODS = ("mean", "first")  # mean-pool each group's key/value heads, or keep the group's first head
 
@@ -174,3 +179,134 @@ def _torch_mha_differences(ours, theirs) -> list[str]:
         out.append(f"dtype: ours {ours.q_proj.weight.dtype}, theirs {their_dtype} (they would compute in different "
                    f"precisions; convert one with .to(dtype) first)")
     return out
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face layers
+HF_ATTENTION_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen3Attention", "Gemma2Attention", "Gemma3Attention",
+                        "GptOssAttention")
+
+
+def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
+    """A ``mha.MultiHeadAttention`` computing what Hugging Face's ``attention_module`` computes, with its weights.
+
+    ``attention_module``: a ``LlamaAttention``, ``MistralAttention``, ``Qwen3Attention``, ``Gemma2Attention``,
+    ``Gemma3Attention`` or ``GptOssAttention`` (``model.layers[i].self_attn``) of transformers 5; ``config``: the
+    model's configuration (default: the module's own ``config``); ``dtype``: of the result (default: the HF
+    module's; ``torch.float64`` for a float64 copy); ``impl``: "sdpa" or "naive". The result is on the module's
+    device, in eval mode if the module is.
+
+    What is read (the layer's type is ``config.layer_types[attention_module.layer_idx]`` where the config has
+    ``layer_types``):
+
+    * projections (any bias present is copied; a missing one among present ones becomes zero), ``scaling`` (Gemma:
+      ``query_pre_attn_scalar ** -0.5``), ``attention_dropout``;
+    * RoPE: ``rope_parameters["rope_theta"]`` (Gemma 3: the entry of the layer's type), rotate-half pairing
+      (``rope_style="half"``, gpt-oss's ``_apply_rotary_emb`` included); only ``rope_type="default"`` and a full
+      rotary dimension (YaRN, linear scaling, partial rotary factors are refused: ValueError);
+    * the sliding window: ``config.sliding_window`` on sliding layers (Mistral: every layer when it is set). Hugging
+      Face's mask lets query i see key j iff i - sliding_window < j <= i (``sliding_window_overlay``), so the window
+      counts the query itself, as ours: ``window = sliding_window`` for every family here (checked by
+      tests/test_from_hf.py by reading the attention weights back);
+    * QK-norm (Qwen3: weight w; Gemma 3: Gemma's RMSNorm multiplies by (1 + w), folded into the weight), its eps;
+    * gpt-oss's sinks; Gemma 2's ``attn_logit_softcapping`` (Gemma 3's attention does not apply it, so neither do
+      we).
+
+    Refused (ValueError): another class, a bidirectional layer (``use_bidirectional_attention``), an unknown layer
+    type. Hugging Face's eager paths round the softmax (and Qwen3/Gemma's RMSNorm, and its rotary module's angles)
+    to float32, so float64 copies agree to about 1e-8, not 1e-15.
+    """
+    import torch
+
+    from mha.attention import MultiHeadAttention
+
+    check_type("attention_module", attention_module, torch.nn.Module,
+               "a Hugging Face attention module (" + ", ".join(HF_ATTENTION_CLASSES) + ")")
+    family = type(attention_module).__name__
+    if family not in HF_ATTENTION_CLASSES:
+        raise ValueError(f"attention_module must be one of {', '.join(HF_ATTENTION_CLASSES)} (transformers 5), got "
+                         f"{family}")
+    theirs = attention_module
+    config = theirs.config if config is None else config
+    if dtype is None:
+        dtype = theirs.q_proj.weight.dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    layer_type = _hf_layer_type(theirs, config)
+    window = _hf_window(family, config, layer_type)
+    if getattr(theirs, "sliding_window", window) != window:
+        raise ValueError(f"{family} layer {theirs.layer_idx}: its sliding_window={theirs.sliding_window} does not "
+                         f"match the config's {window} for layer type {layer_type!r}: pass the config the module was "
+                         f"built with")
+    if not getattr(theirs, "is_causal", True):
+        raise ValueError(f"{family} layer {theirs.layer_idx} is bidirectional (use_bidirectional_attention): "
+                         f"MultiHeadAttention's windows are causal")
+    linears = [theirs.q_proj, theirs.k_proj, theirs.v_proj, theirs.o_proj]
+    has_qk_norm = getattr(theirs, "q_norm", None) is not None
+    ours = MultiHeadAttention(
+        config.hidden_size, config.num_attention_heads, config.num_key_value_heads, theirs.head_dim,
+        bias=any(lin.bias is not None for lin in linears), dropout=float(getattr(config, "attention_dropout", 0.0)),
+        impl=impl, scale=float(theirs.scaling), rope_base=_hf_rope_base(family, config, layer_type),
+        rope_style="half", window=window, sinks=getattr(theirs, "sinks", None) is not None, qk_norm=has_qk_norm,
+        qk_norm_eps=_hf_norm_eps(theirs.q_norm) if has_qk_norm else 1e-6,
+        softcap=getattr(theirs, "attn_logit_softcapping", None) if family == "Gemma2Attention" else None)
+    if has_qk_norm and _hf_norm_eps(theirs.k_norm) != ours.qk_norm_eps:
+        raise ValueError(f"{family}: q_norm and k_norm have different eps ({ours.qk_norm_eps}, "
+                         f"{_hf_norm_eps(theirs.k_norm)}); MultiHeadAttention has one qk_norm_eps")
+    ours = ours.to(device=theirs.q_proj.weight.device, dtype=dtype)
+    with torch.no_grad():
+        for mine, hf in zip([ours.q_proj, ours.k_proj, ours.v_proj, ours.o_proj], linears):
+            mine.weight.copy_(hf.weight)
+            if mine.bias is not None:
+                mine.bias.copy_(hf.bias if hf.bias is not None else torch.zeros_like(mine.bias))
+        if ours.sinks is not None:
+            ours.sinks.copy_(theirs.sinks)
+        if has_qk_norm:
+            gemma = family == "Gemma3Attention"  # Gemma's RMSNorm: x_hat * (1 + w), w starting at 0
+            ours.q_norm.copy_(theirs.q_norm.weight.double() + 1 if gemma else theirs.q_norm.weight)
+            ours.k_norm.copy_(theirs.k_norm.weight.double() + 1 if gemma else theirs.k_norm.weight)
+    return ours.train(theirs.training)
+
+
+def _hf_layer_type(theirs, config):
+    """The layer's type from ``config.layer_types`` (None where the config has none, e.g. Llama, Mistral)."""
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return None
+    layer_type = layer_types[theirs.layer_idx]
+    if layer_type not in ("full_attention", "sliding_attention"):
+        raise ValueError(f"layer {theirs.layer_idx} has layer type {layer_type!r}: only 'full_attention' and "
+                         f"'sliding_attention' layers are supported")
+    return layer_type
+
+
+def _hf_window(family, config, layer_type):
+    """Our window (keys a query sees, itself included) = Hugging Face's ``sliding_window`` on sliding layers: its mask
+    is i - sliding_window < j <= i for every family here (``masking_utils.sliding_window_overlay``)."""
+    if family == "LlamaAttention":
+        return None
+    if family == "MistralAttention":  # no layer types: every layer slides when sliding_window is set
+        return getattr(config, "sliding_window", None)
+    return config.sliding_window if layer_type == "sliding_attention" else None
+
+
+def _hf_rope_base(family, config, layer_type):
+    """rope_theta of a default (unscaled, full-dimension) RoPE; anything else is refused."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if layer_type in rope and isinstance(rope[layer_type], dict):  # Gemma 3: one entry per layer type
+        rope = rope[layer_type]
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"{family}: rope_type {rope_type!r} (rope_parameters={rope}) is not supported, only "
+                         f"'default' RoPE (no YaRN, no linear or dynamic scaling)")
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if factor != 1.0:
+        raise ValueError(f"{family}: partial_rotary_factor={factor} is not supported (RoPE on the whole head only)")
+    base = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if base is None:
+        raise ValueError(f"{family}: the config has no rope_theta (rope_parameters={rope})")
+    return float(base)
+
+
+def _hf_norm_eps(norm) -> float:
+    """The epsilon of a Qwen3RMSNorm (``variance_epsilon``) or a Gemma RMSNorm (``eps``)."""
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))

@@ -27,6 +27,36 @@ Design choices
   integer in ``[0, max_len]``.
 * ``append`` writes in place; under autograd the buffers then carry a graph. Decoding is meant to run under
   ``torch.no_grad()`` / ``torch.inference_mode()``.
+
+The ring buffer (``window=W``)
+------------------------------
+A layer with a sliding window of W (query at position p sees keys p - W < j <= p) never reads a key older than W - 1
+positions, so its cache needs only the most recent ones: ``KVCache(..., window=W)`` holds ``n_sink_tokens + W``
+slots however long the generation, and ``max_len`` is then only the longest generation (the positions it counts up
+to), not the buffers' size.
+
+* Slots ``0 .. S-1`` (S = ``n_sink_tokens``) keep positions ``0 .. S-1`` for ever: StreamingLLM's attention sinks
+  (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"): the first tokens collect a large
+  share of attention, so evicting them hurts; StreamingLLM keeps 4 of them plus a window of recent tokens.
+  Position p >= S goes to slot ``S + (p - S) % W``. After ``length`` positions the ring holds positions
+  ``max(S, length - W) .. length - 1`` (and the sink slots positions ``0 .. min(S, length) - 1``).
+* Positions: every key keeps its original absolute position (it is stored rotated by RoPE at that position, and the
+  window mask compares absolute positions). StreamingLLM instead re-numbers the cache (positions "within the
+  cache": the window's keys are re-rotated to sit right after the sinks), so its model never sees a distance larger
+  than the cache; we do not, so that ring-buffer decoding equals the full computation with the mask
+  "p - W < j <= p, or j < S" exactly (up to summation order), which the tests check.
+* Exactness: a chunk of T new queries at positions L .. L+T-1 attends over every slot *followed by* its own T keys
+  (:meth:`window_keys`, nothing written), with a mask built from the absolute position each slot holds
+  (:meth:`slot_positions`, computed from ``length`` on the device: no host-device synchronisation). A query at q >= L
+  needs the cached keys j with q - W < j < L, all >= L - W + 1, which the ring holds; the rest (older keys, empty
+  slots) are masked out. Same keys, values and scores as the full cache, so the same softmax. Only after the call
+  has succeeded are the new keys written (:meth:`commit`: the last W of them, since earlier ones would be
+  overwritten by later ones of the same chunk). A prefill longer than W, chunked prefill and one-token steps past
+  many wraps are then all the same computation.
+* A failed call therefore leaves the ring exactly as it was: nothing was written. (Setting ``length`` back, as
+  the full cache does, would not be enough: a write overwrites old slots.) ``length`` may be set back by hand only
+  as far as the ring still holds every key the next query needs (one position, or all the way while nothing has
+  wrapped); further is refused.
 """
 
 from __future__ import annotations
@@ -47,31 +77,47 @@ class KVCache:
 
     Args:
         batch_size: N, the number of sequences decoded together.
-        max_len: the most positions the cache can hold (prompt plus generated tokens).
+        max_len: the most positions the cache can hold (prompt plus generated tokens). With a window: the longest
+            generation, the positions ``length`` counts up to, not the buffers' size (which is
+            ``n_sink_tokens + window`` slots whatever ``max_len`` is).
         n_kv_heads: g, the number of key/value heads (``MultiHeadAttention.n_kv_heads``; g < n_heads for GQA/MQA).
         head_dim: the size of one key/value head.
         dtype: floating dtype of the buffers; must equal the attention module's dtype.
         device: device of the buffers (a str, a ``torch.device`` or None for torch's default); must be one torch
             can allocate on here and equal the attention module's device.
+        window: None (a full cache) or W >= 1: a ring buffer for a module with ``window=W`` (the two must agree;
+            see the module docstring). ``MultiHeadAttention.new_cache`` builds the right one.
+        n_sink_tokens: with a window, how many first positions are kept for ever (StreamingLLM), in [0, window).
 
     Attributes:
-        k, v: the buffers, each ``(batch_size, n_kv_heads, max_len, head_dim)``.
-        length: the number of positions filled (a Python ``int`` in ``[0, max_len]``; settable, to rewind).
+        k, v: the buffers, each ``(batch_size, n_kv_heads, max_len, head_dim)``, or with a window
+            ``(batch_size, n_kv_heads, n_sink_tokens + window, head_dim)`` (slot order, see :meth:`slot_positions`).
+        length: the number of positions written (a Python ``int`` in ``[0, max_len]``; settable, to rewind).
     """
 
     def __init__(self, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device=None):
+                 dtype: torch.dtype = torch.float32, device=None, *, window: int | None = None,
+                 n_sink_tokens: int = 0):
         for name, value in [("batch_size", batch_size), ("max_len", max_len),
                             ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)]:
             check_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        if window is not None:
+            window = check_int("window", window, minimum=1)
+            n_sink_tokens = check_int("n_sink_tokens", n_sink_tokens, minimum=0, maximum=window - 1)
+        elif check_int("n_sink_tokens", n_sink_tokens, minimum=0) != 0:
+            raise ValueError(f"n_sink_tokens needs a window (a ring buffer): got n_sink_tokens={n_sink_tokens} with "
+                             f"window=None; a full cache keeps every position anyway")
         self.batch_size = batch_size
         self.max_len = max_len
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
+        self.window = window  # None: a full cache; W: a ring buffer of W slots (plus the sink slots)
+        self.n_sink_tokens = n_sink_tokens  # S: the first S positions, kept for ever (window caches only)
         parsed = _check_device(device)
-        shape = (batch_size, n_kv_heads, max_len, head_dim)  # (N, g, max_len, head_dim)
+        slots = max_len if window is None else n_sink_tokens + window
+        shape = (batch_size, n_kv_heads, slots, head_dim)  # (N, g, max_len or S + W, head_dim)
         try:
             self.k = torch.zeros(shape, dtype=dtype, device=parsed)
             self.v = torch.zeros(shape, dtype=dtype, device=parsed)
@@ -90,10 +136,21 @@ class KVCache:
 
     @length.setter
     def length(self, value: int) -> None:
-        if type(value) is int and 0 <= value <= self.max_len:  # the common case, without check_int's message work
-            self._length = value
-        else:
-            self._length = check_int("length", value, minimum=0, maximum=self.max_len)
+        if not (type(value) is int and 0 <= value <= self.max_len):  # the common case, without check_int's message
+            value = check_int("length", value, minimum=0, maximum=self.max_len)
+        if self.window is not None and value < self._length:
+            self._check_rewind(value)
+        self._length = value
+
+    def _check_rewind(self, value: int) -> None:
+        """A ring buffer can be set back to ``value`` only if it still holds every key a query at ``value`` needs."""
+        s, w, length = self.n_sink_tokens, self.window, self._length
+        if value <= s or max(s, value - w + 1) >= max(s, length - w):
+            return
+        raise ValueError(f"length cannot be set back from {length} to {value} on a ring-buffer KVCache "
+                         f"(window={w}): positions {max(s, value - w + 1)} .. {max(s, length - w) - 1}, which a "
+                         f"query at position {value} needs, were overwritten; it can go back to "
+                         f"{length - 1}, or to {s} or below (call reset() to start over)")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -105,7 +162,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the two buffers: ``2 * batch_size * n_kv_heads * max_len * head_dim * itemsize``.
+        """Bytes held by the two buffers: ``2 * batch_size * n_kv_heads * max_len * head_dim * itemsize`` (with a
+        window, ``n_sink_tokens + window`` slots instead of ``max_len``).
 
         Book: part II, "Counting everything" (the KV-cache memory term) and "MQA and GQA" (it shrinks by h / g).
         """
@@ -146,6 +204,10 @@ class KVCache:
 
         Returns views ``(k_all, v_all)``, each ``(N, g, length, head_dim)``, of everything cached so far (the new
         positions included). Raises, writing nothing, on a shape/dtype/device mismatch or on overflow.
+
+        With a window: writes the new positions into the ring and returns views of the whole buffers, each
+        ``(N, g, n_sink_tokens + window, head_dim)``, in slot order (:meth:`slot_positions` says which position each
+        slot holds; the new positions older than the window are not kept).
         """
         for name, t in [("k_new", k_new), ("v_new", v_new)]:
             check_type(name, t, torch.Tensor, "a torch.Tensor")
@@ -157,11 +219,67 @@ class KVCache:
         check_like("v_new", v_new, "k_new", k_new)
         n, g, t, d = k_new.shape
         self.check_append(n, t, g, d, k_new.dtype, k_new.device)
+        if self.window is not None:
+            self.commit(k_new, v_new)
+            return self.k, self.v  # each (N, g, S + W, head_dim), slot order
         start, stop = self.length, self.length + t
         self.k[:, :, start:stop] = k_new  # (N, g, T, head_dim) into (N, g, max_len, head_dim)
         self.v[:, :, start:stop] = v_new
         self.length = stop
         return self.k[:, :, :stop], self.v[:, :, :stop]  # each (N, g, length, head_dim)
+
+    # ------------------------------------------------------------------------------------------ the ring buffer
+    def slot_positions(self, length: int | None = None) -> torch.Tensor:
+        """(n_slots,) int64 on the cache's device: the absolute position each slot holds after ``length`` (default:
+        the current length) positions, -1 for an empty slot. Computed from host integers, without reading the device.
+
+        Window caches only. Sink slot i holds position i (once written); ring slot r holds the latest position
+        p < length with p >= S and (p - S) % W == r.
+        """
+        if self.window is None:
+            raise ValueError("slot_positions is for ring-buffer caches (window=...); a full cache's slot i holds "
+                             "position i")
+        length = self._length if length is None else length
+        s, w = self.n_sink_tokens, self.window
+        sinks = torch.arange(s, device=self.device)  # (S,)
+        sinks = torch.where(sinks < length, sinks, -1)
+        r = torch.arange(w, device=self.device)  # (W,)
+        back = length - 1 - s - r  # how far behind the newest position slot r's residue class is
+        ring = torch.where(back >= 0, s + r + w * torch.div(back, w, rounding_mode="floor"), -1)  # (W,)
+        return torch.cat([sinks, ring])  # (S + W,)
+
+    def window_keys(self, k_new: torch.Tensor, v_new: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a call with keys/values ``k_new``, ``v_new`` (N, g, T, head_dim) attends over, writing nothing:
+        ``(k_all, v_all, key_positions)``, every slot followed by the T new keys, each (N, g, S + W + T, head_dim),
+        and their absolute positions (S + W + T,) (-1: empty slot). Window caches only; see the module docstring."""
+        t = k_new.shape[2]
+        new_positions = torch.arange(self._length, self._length + t, device=self.device)  # (T,)
+        positions = torch.cat([self.slot_positions(), new_positions])  # (S + W + T,)
+        return torch.cat([self.k, k_new], dim=2), torch.cat([self.v, v_new], dim=2), positions
+
+    def commit(self, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        """Write the T new positions ``length .. length+T-1`` into a ring buffer and advance ``length`` (the caller has
+        checked the shapes with :meth:`check_append`). Sink positions go to their own slots; of the others only the
+        last W are written (at most two slices: the ring wraps at most once)."""
+        s, w, start, t = self.n_sink_tokens, self.window, self._length, k_new.shape[2]
+        stop = start + t
+        if stop > self.max_len:
+            raise ValueError(f"KVCache overflow: {start} cached + {t} new > max_len {self.max_len}")
+        writes = []  # (slot_start, slot_stop, new_start): k_new[:, :, new_start:...] -> slots
+        if start < s:
+            writes.append((start, min(stop, s), 0))
+        first = max(start, s, stop - w)  # the oldest new ring position still kept
+        if first < stop:
+            slot = s + (first - s) % w
+            head = min(stop - first, s + w - slot)  # up to the end of the ring, then wrap to slot s
+            writes.append((slot, slot + head, first - start))
+            if head < stop - first:
+                writes.append((s, s + stop - first - head, first - start + head))
+        for a, b, i in writes:
+            self.k[:, :, a:b] = k_new[:, :, i:i + b - a]  # (N, g, b - a, head_dim)
+            self.v[:, :, a:b] = v_new[:, :, i:i + b - a]
+        self._length = stop
 
     def _claim(self, owner) -> None:
         """Record ``owner`` (a module) as the one whose keys/values fill the cache; ``MultiHeadAttention`` calls this
@@ -171,7 +289,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget every cached position and the module that wrote them (the buffers are kept, not zeroed: only the
-        prefix is ever read)."""
+        prefix, or with a window the slots holding positions, is ever read)."""
         self._length = 0
         self._owner = None
 
@@ -180,8 +298,9 @@ class KVCache:
         return {**self.__dict__, "_owner": None}
 
     def __repr__(self) -> str:
+        ring = "" if self.window is None else f", window={self.window}, n_sink_tokens={self.n_sink_tokens}"
         return (f"KVCache(batch_size={self.batch_size}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, length={self.length})")
+                f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, length={self.length}{ring})")
 
 
 def _check_device(device) -> torch.device | None:

@@ -5,7 +5,8 @@ in its docstring and checks it. Where a value is checked, it is compared with an
 reference ``mha.reference`` in float64, the same module converted to float64, or ``torch.nn.MultiheadAttention``.
 
 1. A failed forward call leaves its ``KVCache`` as it was, so a retry gives the right answer; a cache is one layer's,
-   its ``length`` stays in range, and its ``device`` must be one torch can allocate on.
+   its ``length`` stays in range, and its ``device`` must be one torch can allocate on. With a ring buffer
+   (``window``; issue 24) "as it was" means every slot bitwise, since a write overwrites old slots.
 2. Asking for the attention weights (or ``impl="naive"``) never changes the output's correctness in float16/bfloat16.
 3. ``copy_to_torch_mha`` refuses every pair that would not compute the same function, and the pairs it accepts do.
 4. Tensor values are not checked (no host-device sync): NaN passes through, confined to its own sequence.
@@ -65,6 +66,68 @@ def test_failed_forward_leaves_the_cache_as_it_was_and_a_retry_is_exact(impl, st
         retry, _ = m(x[:, 4:], kv_cache=cache, is_causal=True, need_weights=False)
     assert cache.length == 6
     torch.testing.assert_close(torch.cat([prefill, retry], dim=1), causal_reference(m, x), rtol=1e-10, atol=1e-10)
+
+
+def windowed_reference(m, x, n_sink_tokens):
+    """The full-sequence forward of ``m``'s weights without a cache, by a windowless copy of the module given the
+    explicit mask "p - W < j <= p, or j < n_sink_tokens" (no ring buffer involved)."""
+    other = MultiHeadAttention(16, 4, n_kv_heads=m.n_kv_heads, rope_base=m.rope_base, sinks=True).double().eval()
+    other.load_state_dict(m.state_dict())
+    q, k = torch.arange(x.shape[1])[:, None], torch.arange(x.shape[1])[None, :]
+    allowed = (k <= q) & ((k > q - m.window) | (k < n_sink_tokens))
+    with torch.no_grad():
+        return other(x, mask=allowed, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("impl,step", [("sdpa", "_sdpa_attention"), ("naive", "_naive_attention"),
+                                       ("sdpa", "_append_sink_key"), ("sdpa", "o_proj"), ("naive", "o_proj")])
+@pytest.mark.parametrize("failure", [boom, interrupt], ids=["RuntimeError", "KeyboardInterrupt"])
+@pytest.mark.parametrize("n_sink_tokens", [0, 2])
+def test_failed_forward_leaves_the_ring_buffer_exactly_as_it_was_and_a_retry_is_exact(impl, step, failure,
+                                                                                       n_sink_tokens, monkeypatch):
+    """With a ring buffer (a module with a window), a call that fails after computing its keys/values leaves every
+    slot bitwise as it was and the length too (restoring the length alone would not do: the new keys would have
+    overwritten the oldest slots); the failed chunk is as long as the window, so it would have overwritten all of
+    them. Retrying, then decoding on, gives the full computation with the window mask."""
+    m = make(n_kv_heads=2, impl=impl, rope_base=100.0, window=3, sinks=True)
+    with torch.no_grad():
+        m.sinks.copy_(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    x = randn(2, 15, 16)
+    cache = m.new_cache(2, 15, n_sink_tokens=n_sink_tokens)
+    with torch.no_grad():
+        outs = [m(x[:, :10], kv_cache=cache, need_weights=False)[0]]  # 10 > window: the ring has wrapped
+        k_before, v_before = cache.k.clone(), cache.v.clone()
+        with monkeypatch.context() as patch:
+            patch.setattr(m.o_proj if step == "o_proj" else m, "forward" if step == "o_proj" else step, failure)
+            with pytest.raises((RuntimeError, KeyboardInterrupt)):
+                m(x[:, 10:13], kv_cache=cache, need_weights=False)
+        assert cache.length == 10
+        assert torch.equal(cache.k, k_before) and torch.equal(cache.v, v_before)
+        outs.append(m(x[:, 10:13], kv_cache=cache, need_weights=False)[0])  # the retry
+        outs += [m(x[:, t:t + 1], kv_cache=cache, need_weights=False)[0] for t in (13, 14)]
+    assert cache.length == 15
+    torch.testing.assert_close(torch.cat(outs, dim=1), windowed_reference(m, x, n_sink_tokens), rtol=1e-10,
+                               atol=1e-10)
+
+
+def test_a_ring_buffer_belongs_to_one_layer_and_to_a_module_with_its_window():
+    """A ring buffer written by one module is refused by another with the same window until reset(), and refused
+    outright by modules with another window or none (they would read it with the wrong mask)."""
+    first, second = make(window=3, seed=0), make(window=3, seed=1)
+    x = randn(1, 5, 16)
+    cache = first.new_cache(1, 8)
+    with torch.no_grad():
+        first(x, kv_cache=cache)
+        with pytest.raises(ValueError, match=r"kv_cache .*another MultiHeadAttention.*reset\(\)"):
+            second(x[:, :1], kv_cache=cache)
+        for other in (make(window=4), make()):
+            with pytest.raises(ValueError, match=rf"kv_cache has window=3 but the module has window={other.window}"):
+                other(x[:, :1], kv_cache=cache)
+        assert cache.length == 5
+        cache.reset()
+        out, _ = second(x, kv_cache=cache)
+        expected, _ = second(x, is_causal=True)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason='Triton is not installed (pip install "mha-derived[kernels]")')
