@@ -110,6 +110,20 @@ def test_generate_sampling_matches_recomputed_sampling():
     assert torch.equal(model.generate(prompt, 0), prompt)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_generate_on_cuda_with_a_cpu_generator_samples_what_cpu_samples():
+    # The first GPU run failed here: torch.multinomial refuses a CPU generator for CUDA probabilities. The ids must
+    # be the ones the same model draws on the CPU with the same seed (float64 keeps the probabilities equal).
+    model = make_model()
+    prompt = random_ids(model, 2, 3)
+    on_cpu = model.generate(prompt, 12, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(3))
+    on_cuda = model.cuda().generate(prompt.cuda(), 12, temperature=0.8, top_k=5,
+                                    generator=torch.Generator().manual_seed(3))
+    assert on_cuda.device.type == "cuda"
+    assert torch.equal(on_cuda.cpu(), on_cpu)
+
+
 def reference_without_attention(model, idx):
     """The model's logits when every head is masked: each attention layer then adds only o_proj's bias."""
     x = model.tok_emb.weight[idx] + model.pos_emb.weight[: idx.shape[1]]

@@ -326,6 +326,11 @@ class TinyTransformer(nn.Module):
             kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]  # (N, 1)
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = F.softmax(logits, dim=-1)  # (N, vocab_size)
+        if generator is not None and generator.device != probs.device:
+            # A generator draws only on its own device: sample there (a CPU generator gives the same ids for the
+            # same probabilities whichever device ran the model) and bring the ids back.
+            return torch.multinomial(probs.to(generator.device), num_samples=1,
+                                     generator=generator).to(probs.device)  # (N, 1)
         return torch.multinomial(probs, num_samples=1, generator=generator)  # (N, 1)
 
 
