@@ -1,5 +1,6 @@
 """Shared by the tests: random parameter dicts in the reference convention (W_q, W_k, W_v, W_o, b_*), random
-tensors, mha.MultiHeadAttention modules with random weights, and papermill notebooks."""
+tensors, mha.MultiHeadAttention modules with random weights, papermill notebooks, and a repository whose train
+template runs in a kernel's start-up time."""
 
 import math
 
@@ -66,3 +67,34 @@ def write_notebook(path, parameters: str, body: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, path)
     return path
+
+
+def write_train_template(sweep_file, body: str = ""):
+    """Make the folder of ``sweep_file`` (a train sweep) a repository of its own (a ``.git`` folder) whose train
+    template (``experiments/notebooks/train.ipynb``, which the sweep then runs) stands in for the real one: the same
+    parameters cell (``overrides``, ``out_dir``, ``artifacts_dir``), no torch (checking a configuration imports it: a
+    few seconds per kernel), no training. It looks the run's configuration up among the sweep's runs (as
+    ``load_sweep`` made them here, from the same settings), runs ``body`` (which may raise, sleep, or change
+    ``config``), then reports what the real template reports: study "train" and the configuration, with val_loss =
+    seed / 2, a list (not a column), OMP_NUM_THREADS, its pid and its kernel's transport. Returns ``sweep_file``."""
+    import json
+    from pathlib import Path
+
+    from mha.experiments.sweep_file import canonical_config, load_sweep
+
+    root = Path(sweep_file).parent
+    (root / ".git").mkdir(exist_ok=True)
+    configs = {canonical_config(run.parameters): run.config for run in load_sweep(sweep_file).runs()}
+    write_notebook(root / "experiments" / "notebooks" / "train.ipynb",
+                   'overrides = {}\nout_dir = ""\nartifacts_dir = ""',
+                   "import json, os, pathlib\n"
+                   "from ipykernel.connect import get_connection_file\n"
+                   f"configs = json.loads({json.dumps(configs)!r})\n"
+                   "config = configs[json.dumps(overrides, sort_keys=True, separators=(',', ':'), default=str)]\n"
+                   f"{body}\n"
+                   "metrics = {'study': 'train', 'config': config, 'val_loss': config['seed'] / 2, 'history': [1, 2],\n"
+                   "           'omp': os.environ.get('OMP_NUM_THREADS'), 'pid': os.getpid(),\n"
+                   "           'transport': json.loads(pathlib.Path(get_connection_file()).read_text())"
+                   "['transport']}\n"
+                   "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
+    return sweep_file

@@ -1,6 +1,7 @@
 """Tests for the sweep harness (mha.experiments.sweep, sweep_file and results): grid -> runs (papermill or the study
 function) -> results.csv, reruns, failures, interruption, launchers, and the checks of a sweep file before anything
-runs."""
+runs. The tests of the runner's machinery (parallel jobs, launchers) run a stand-in train template without torch
+(tests/_params.py: write_train_template)."""
 
 import csv
 import hashlib
@@ -15,17 +16,16 @@ from mha.experiments.results import REQUIRED_COLUMNS, Results
 from mha.experiments.sweep import run_sweep
 from mha.experiments.sweep_file import command, load_sweep
 
-from _params import write_notebook
+from _params import write_train_template
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NOTEBOOK = REPO / "experiments" / "notebooks" / "train.ipynb"
 
 
-def write_sweep(folder, notebook, base, grid, name="t"):
-    """A sweep file; ``notebook`` is a path (a plain notebook sweep) or a study name such as "train"."""
+def write_sweep(folder, study, base, grid, name="t"):
+    """A sweep file of ``study`` (such as "train") in ``folder``."""
     path = Path(folder) / f"{name}.yaml"
-    target = {"notebook": str(notebook)} if isinstance(notebook, Path) else {"study": notebook}
-    path.write_text(yaml.safe_dump({"name": name, **target, "base": base, "grid": grid}, sort_keys=False))
+    path.write_text(yaml.safe_dump({"name": name, "study": study, "base": base, "grid": grid}, sort_keys=False))
     return path
 
 
@@ -34,19 +34,25 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def dummy_notebook(tmp_path_factory):
-    """A notebook without torch (a run takes about a kernel start): it writes x / 2 as val_loss, or raises."""
-    return write_notebook(tmp_path_factory.mktemp("nb") / "dummy.ipynb",
-                          'x = 1\nfail = False\nout_dir = ""\nthreads = 1',
-                          "import json, os, pathlib\n"
-                          "from ipykernel.connect import get_connection_file\n"
-                          "if fail:\n    raise RuntimeError('asked to fail')\n"
-                          "metrics = {'val_loss': x / 2, 'history': [1, 2], 'omp': os.environ.get('OMP_NUM_THREADS'),\n"
-                          "           'threads': threads, 'pid': os.getpid(),\n"
-                          "           'transport': json.loads(pathlib.Path(get_connection_file()).read_text())"
-                          "['transport']}\n"
-                          "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
+def quick_sweep(folder, base, grid):
+    """A train sweep in a repository of its own whose template runs without torch (a run takes about a kernel
+    start): it reports the configuration it was asked to run, with seed / 2 as val_loss; a run with seed 13 raises."""
+    folder.mkdir()
+    return write_train_template(write_sweep(folder, "train", base, grid),
+                                "if config['seed'] == 13:\n    raise RuntimeError('asked to fail')")
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """Runs that take no time: each call is recorded and returns a fixed loss."""
+    calls = []
+
+    def fake_execute_run(sweep_, run, runs_dir, executor="notebook", kernel="python3"):
+        calls.append(run.run_id)
+        return {"status": "ok", "error": "", "val_loss": 1.25}
+
+    monkeypatch.setattr(sweep, "execute_run", fake_execute_run)
+    return calls
 
 
 BASE = {"task": "two_offset", "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1, "batch_size": 4,
@@ -103,18 +109,12 @@ def test_run_ids_are_stable_hashes(train_sweep, tmp_path):
     assert len({r["run_id"] for r in rows}) == 2
 
 
-def test_rerun_skips_finished_and_kill_loses_nothing(train_sweep, monkeypatch):
+def test_rerun_skips_finished_and_kill_loses_nothing(train_sweep, fake_runs):
     """Rerun: only the failed run executes. Then delete the ok row (as if killed before it was written): only it
     and the failed one run again, and no run_id ever appears twice."""
     config, out, rows = train_sweep
     ok_id, failed_id = rows[0]["run_id"], rows[1]["run_id"]
-    calls = []
-
-    def fake_execute_run(sweep_, run, runs_dir, executor="notebook", kernel="python3"):
-        calls.append(run.run_id)
-        return {"status": "ok", "error": "", "val_loss": 1.25}
-
-    monkeypatch.setattr(sweep, "execute_run", fake_execute_run)
+    calls = fake_runs
     before = read_csv(out / "results.csv")
     run_sweep(config, out=out, progress=False)
     assert calls == [failed_id]
@@ -150,51 +150,50 @@ def test_results_add_is_atomic_and_deduplicates(tmp_path):
     assert [(x.line, x.run_id) for x in bad] == [(4, a)] and "no checksum" in bad[0].reason
 
 
-def test_parallel_jobs_and_thread_environment(dummy_notebook, tmp_path):
-    config = write_sweep(tmp_path, dummy_notebook, {"fail": False}, {"x": [1, 3]})
+def test_parallel_jobs_and_thread_environment(tmp_path):
+    config = quick_sweep(tmp_path / "repo", {"threads": 2}, {"seed": [1, 3]})
     rows = run_sweep(config, out=tmp_path / "out", jobs=2, progress=False)
-    assert [(r["x"], r["status"], r["val_loss"]) for r in rows] == [("1", "ok", "0.5"), ("3", "ok", "1.5")]
-    assert all(r["omp"] == "1" and r["threads"] == "1" for r in rows)
+    assert [(r["seed"], r["status"], r["val_loss"]) for r in rows] == [("1", "ok", "0.5"), ("3", "ok", "1.5")]
+    assert all(r["omp"] == "2" and r["threads"] == "2" for r in rows)  # the run's threads (the tests run with 1)
+    assert len({r["pid"] for r in rows}) == 2 and {r["study"] for r in rows} == {"train"}
     # kernels started side by side talk over sockets in private folders: TCP ports picked by two processes at
     # once can collide ("Address already in use"), which failed this test in CI once
     assert all(r["transport"] == "ipc" for r in rows)
     assert "history" not in rows[0]  # only scalar metrics become columns
 
 
-def test_submitit_local_launcher(dummy_notebook, tmp_path):
-    config = write_sweep(tmp_path, dummy_notebook, {}, {"x": [4], "fail": [False, True]})
+def test_submitit_local_launcher(tmp_path):
+    config = quick_sweep(tmp_path / "repo", {}, {"seed": [4, 13]})
     rows = run_sweep(config, out=tmp_path / "out", launcher="submitit", cluster="local", jobs=2, progress=False)
-    assert [(r["x"], r["fail"], r["status"]) for r in rows] == [("4", "False", "ok"), ("4", "True", "failed")]
+    assert [(r["seed"], r["status"]) for r in rows] == [("4", "ok"), ("13", "failed")]
     assert rows[0]["val_loss"] == "2.0" and "asked to fail" in rows[1]["error"]
     assert (tmp_path / "out" / "submitit").is_dir()
 
 
-def test_dry_run_and_cli(dummy_notebook, tmp_path, capsys):
-    config = write_sweep(tmp_path, dummy_notebook, {}, {"x": [1, 2]})
+def test_dry_run_and_cli(tmp_path, capsys):
+    config = write_sweep(tmp_path, "train", BASE, {"seed": [1, 2]})
     planned = run_sweep(config, out=tmp_path / "out", dry_run=True)
-    assert [(r["x"], r["status"]) for r in planned] == [("1", "todo"), ("2", "todo")]
+    assert [(r["seed"], r["status"]) for r in planned] == [("1", "todo"), ("2", "todo")]
     assert not (tmp_path / "out").exists()
     assert sweep.main([str(config), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
     assert "2 of 2 runs to do" in capsys.readouterr().out
 
 
-def test_bad_sweep_files(dummy_notebook, tmp_path):
-    with pytest.raises(ValueError, match=r"\['typo'\] are not parameters of dummy.ipynb"):
-        load_sweep(write_sweep(tmp_path, dummy_notebook, {"typo": 1}, {"x": [1]}))
-    with pytest.raises(ValueError, match="not found"):
-        load_sweep(write_sweep(tmp_path, tmp_path / "missing.ipynb", {}, {"x": [1]}))
+def test_bad_sweep_files(tmp_path):
+    with pytest.raises(ValueError, match=r"'typo' is not a setting of TrainRun"):
+        load_sweep(write_sweep(tmp_path, "train", {"typo": 1}, {"seed": [1]}))
     with pytest.raises(ValueError, match="both 'base' and 'grid'"):
-        load_sweep(write_sweep(tmp_path, dummy_notebook, {"x": 1}, {"x": [1]}))
+        load_sweep(write_sweep(tmp_path, "train", {"seed": 1}, {"seed": [1]}))
     with pytest.raises(ValueError, match="non-empty list"):
-        load_sweep(write_sweep(tmp_path, dummy_notebook, {}, {"x": []}))
-    with pytest.raises(ValueError, match="out_dir"):
-        load_sweep(write_sweep(tmp_path, dummy_notebook, {"out_dir": "/tmp"}, {"x": [1]}))
+        load_sweep(write_sweep(tmp_path, "train", {}, {"seed": []}))
+    with pytest.raises(ValueError, match="'out_dir' is set by the runner"):
+        load_sweep(write_sweep(tmp_path, "train", {"out_dir": "/tmp"}, {"seed": [1]}))
     path = tmp_path / "bad.yaml"
-    path.write_text(f"name: b\nnotebook: {dummy_notebook}\ngrid: {{x: [1e-3]}}\nextra: 1\n")
+    path.write_text("name: b\nstudy: train\ngrid: {lr: [1e-3]}\nextra: 1\n")
     with pytest.raises(ValueError, match=r"unknown keys \['extra'\]"):
         load_sweep(path)
-    path.write_text(f"name: b\nnotebook: {dummy_notebook}\ngrid: {{x: [1e-3, 2]}}\n")
-    assert load_sweep(path).grid == {"x": [0.001, 2]}  # 1e-3 is a float, not the string '1e-3'
+    path.write_text("name: b\nstudy: train\ngrid: {lr: [1e-3, 2.0e-3]}\n")
+    assert load_sweep(path).grid == {"lr": [0.001, 0.002]}  # 1e-3 is a float, not the string '1e-3'
     with pytest.raises(ValueError, match="launcher"):
         run_sweep(path, out=tmp_path / "o", launcher="ssh")
 
@@ -210,11 +209,12 @@ def test_function_executor_computes_what_the_notebook_computed(train_sweep, tmp_
     assert not (out.parent / "out-function" / "runs" / f"{rows[0]['run_id']}.ipynb").exists()
 
 
-def test_only_runs_the_runs_named(tmp_path, dummy_notebook):
-    config = write_sweep(tmp_path, dummy_notebook, {}, {"x": [1, 2, 3]})
+def test_only_runs_the_runs_named(tmp_path, fake_runs):
+    config = write_sweep(tmp_path, "train", BASE, {"seed": [1, 2, 3]})
     ids = [run.run_id for run in load_sweep(config).runs()]
     rows = run_sweep(config, out=tmp_path / "out", only=[ids[1]], progress=False)
-    assert [r["x"] for r in rows] == ["2"] and len(read_csv(tmp_path / "out" / "results.csv")) == 1
+    assert fake_runs == [ids[1]]
+    assert [r["seed"] for r in rows] == ["2"] and len(read_csv(tmp_path / "out" / "results.csv")) == 1
     with pytest.raises(ValueError, match="not runs of"):
         run_sweep(config, out=tmp_path / "out", only=["000000000000"], progress=False)
 
@@ -233,9 +233,12 @@ def test_study_settings_are_checked_before_any_run(tmp_path):
         load_sweep(write_sweep(folder, "train", {"task_kwargs": {"seq_len": 4}}, {"seed": [0]}))
     with pytest.raises(ValueError, match="study must be one of"):
         load_sweep(write_sweep(folder, "nope", {}, {"seed": [0]}))
-    path = folder / "both.yaml"
+    path = folder / "none.yaml"
+    path.write_text("name: b\ngrid: {seed: [0]}\n")
+    with pytest.raises(ValueError, match="study must be one of"):
+        load_sweep(path)
     path.write_text(f"name: b\nstudy: train\nnotebook: {TRAIN_NOTEBOOK}\ngrid: {{seed: [0]}}\n")
-    with pytest.raises(ValueError, match="either 'study'"):
+    with pytest.raises(ValueError, match=r"sweep files name a study .*plain notebook sweeps were removed"):
         load_sweep(path)
 
 

@@ -19,7 +19,7 @@ from mha.experiments.results import Results, SweepResults, plan, sweep_names
 from mha.experiments.sweep import ChangedRunsError, SweepBusyError, run_sweep
 from mha.experiments.sweep_file import load_sweep
 
-from _params import write_notebook
+from _params import write_train_template
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"task": "two_offset", "task_kwargs": {}, "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1,
@@ -92,15 +92,8 @@ def test_the_book_refuses_rows_it_cannot_vouch_for(tmp_path, fake_runs):
 
 def test_a_run_that_used_another_configuration_fails(tmp_path):
     """A run whose template ran another configuration than the runner asked for (a stale template) is 'failed'."""
-    (tmp_path / ".git").mkdir()  # a repository of its own, whose train template is stale
-    write_notebook(tmp_path / "experiments" / "notebooks" / "train.ipynb",
-                   'overrides = {}\nout_dir = ""\nartifacts_dir = ""',
-                   "import json, pathlib\n"
-                   "from mha.experiments.config import TrainRun\n"
-                   "config = TrainRun.from_dict({**overrides, 'mlp_ratio': 2})\n"
-                   "metrics = {'val_loss': 1.0, 'study': 'train', 'config': config.to_dict()}\n"
-                   "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
-    rows = run_sweep(write(tmp_path, grid={"seed": [0]}), out=tmp_path / "out", progress=False)
+    path = write_train_template(write(tmp_path, grid={"seed": [0]}), "config['mlp_ratio'] = 2")  # a stale template
+    rows = run_sweep(path, out=tmp_path / "out", progress=False)
     assert rows[0]["status"] == "failed" and "mlp_ratio: 2 then, 4 now" in rows[0]["error"]
 
 
@@ -157,11 +150,7 @@ def _descendants(pid):
 def test_one_runner_per_sweep_and_its_workers_end_with_it(tmp_path):
     """A second runner on a busy sweep stops at once naming the first one's pid; when the first is killed with
     SIGKILL, the processes it started (pool workers, their kernels) end too, and the sweep can be run again."""
-    write_notebook(tmp_path / "slow.ipynb", 'x = 1\nout_dir = ""',
-                   "import json, pathlib, time\ntime.sleep(600)\n"
-                   "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps({'val_loss': x}))")
-    path = tmp_path / "slow.yaml"
-    path.write_text("name: slow\nnotebook: slow.ipynb\ngrid: {x: [1, 2]}\n")
+    path = write_train_template(write(tmp_path, name="slow"), "import time\ntime.sleep(600)")  # a slow template
     runner = subprocess.Popen([sys.executable, "-m", "mha.sweep", str(path), "--jobs", "2"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -179,8 +179,8 @@ def trust(sweep: Sweep, run: Run, row: dict) -> str | None:
     """None when ``row`` records exactly the study and configuration ``run`` has now; otherwise what differs."""
     if not row.get("study") or not row.get("config"):
         return "the row records no study and configuration (made before runs recorded them)"
-    if row["study"] != sweep.label:
-        return f"made by study {row['study']!r}, the sweep now runs {sweep.label!r}"
+    if row["study"] != sweep.study:
+        return f"made by study {row['study']!r}, the sweep now runs {sweep.study!r}"
     if row["config"] != canonical_config(run.config):
         try:
             recorded = json.loads(row["config"])

@@ -1,4 +1,4 @@
-"""Run a study (or any papermill notebook) over a grid of parameters, one row per run in ``results.csv``.
+"""Run a study over a grid of parameters, one row per run in ``results.csv``.
 
 Book: part III (experiments); every chapter's numbers come from a ``results.csv`` written here.
 
@@ -140,9 +140,9 @@ def _private_kernel_sockets():
 def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook", kernel: str = "python3") -> dict:
     """Execute one run; return ``{"status": "ok" | "failed", "error": ..., **scalar metrics}``.
 
-    Never raises for a failure inside the run (or a missing metrics.json): that is a "failed" result. A study's run
-    reports the configuration it used (``metrics.json``'s ``config``); a run that used another one than the runner
-    asked for (a stale template, say) is "failed" too.
+    Never raises for a failure inside the run (or a missing metrics.json): that is a "failed" result. A run reports
+    the study and the configuration it used (``metrics.json``'s ``study`` and ``config``); a run that used another
+    one than the runner asked for (a stale template, say) is "failed" too.
     """
     runs_dir = Path(runs_dir)
     out_dir = runs_dir / run.run_id
@@ -154,8 +154,6 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
         threads = sweep.threads(run)
         with _thread_environment(threads):
             if executor == "function":
-                if sweep.study is None:
-                    raise ValueError("--executor function needs a sweep with a 'study'")
                 with _worker_pool(1) as pool:  # a fresh process: torch starts with these threads
                     pool.submit(_call_study, run.study_config, str(out_dir), str(artifacts)).result()
             else:
@@ -165,12 +163,7 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
                     raise FileNotFoundError(f"no notebook for study {sweep.study!r} (looked for "
                                             f"{NOTEBOOKS / f'{sweep.study}.ipynb'} under the repository root); "
                                             f"run with --executor function")
-                if sweep.study is not None:
-                    parameters = dict(overrides=run.parameters, out_dir=str(out_dir), artifacts_dir=str(artifacts))
-                else:
-                    parameters = {**run.parameters, "out_dir": str(out_dir)}
-                    if "artifacts_dir" in sweep.defaults:
-                        parameters["artifacts_dir"] = str(artifacts)
+                parameters = dict(overrides=run.parameters, out_dir=str(out_dir), artifacts_dir=str(artifacts))
                 with _private_kernel_sockets() as config:
                     papermill.execute_notebook(
                         str(sweep.notebook), str(runs_dir / f"{run.run_id}.ipynb"), parameters=parameters,
@@ -178,12 +171,11 @@ def execute_run(sweep: Sweep, run: Run, runs_dir: str, executor: str = "notebook
         if not metrics_path.is_file():
             raise FileNotFoundError(f"the run finished but wrote no {metrics_path}")
         metrics = json.loads(metrics_path.read_text())
-        if sweep.study is not None:
-            used = (metrics.get("study"), metrics.get("config"))
-            if used[0] != sweep.study or used[1] is None or canonical_config(used[1]) != canonical_config(run.config):
-                raise RuntimeError(f"the run reports study {used[0]!r} with another configuration than the one it "
-                                   f"was asked to run ({config_difference(used[1], run.config)}); is its "
-                                   f"template {sweep.notebook} out of date?")
+        used = (metrics.get("study"), metrics.get("config"))
+        if used[0] != sweep.study or used[1] is None or canonical_config(used[1]) != canonical_config(run.config):
+            raise RuntimeError(f"the run reports study {used[0]!r} with another configuration than the one it "
+                               f"was asked to run ({config_difference(used[1], run.config)}); is its "
+                               f"template {sweep.notebook} out of date?")
     except Exception as error:  # noqa: BLE001 - any failure of the run is recorded, and the sweep goes on
         return {"status": "failed", "error": _describe(error)}
     scalars = {k: v for k, v in metrics.items()
@@ -247,10 +239,10 @@ def _one_runner(out: Path):
 
 
 def device_problems(sweep: Sweep, runs: list[Run]) -> list[str]:
-    """Each device the runs ask for that this machine does not have, and why (a study sweep's ``device``)."""
+    """Each device the runs ask for that this machine does not have, and why (their setting ``device``)."""
     from mha.experiments.machine import device_problem
 
-    devices = sorted({run.config["device"] for run in runs if sweep.study is not None and "device" in run.config})
+    devices = sorted({run.config["device"] for run in runs if "device" in run.config})
     problems = [(device, device_problem(device)) for device in devices]
     return [f"runs ask for device {device!r}, but {problem}" for device, problem in problems if problem]
 
@@ -343,7 +335,7 @@ def _execute(sweep, todo, results, order, out, jobs, launcher, cluster, kernel, 
 
     def record(run, result):
         results.add({"run_id": run.run_id, "sweep": sweep.name, **run.config, **result, "git_commit": commit,
-                     "study": sweep.label, "config": canonical_config(run.config)}, order)
+                     "study": sweep.study, "config": canonical_config(run.config)}, order)
         counts[result["status"]] += 1
         bar.set_postfix(counts)
         bar.update()

@@ -13,9 +13,9 @@ A sweep file (YAML)::
 Every setting is a flat name of the study's configuration (:mod:`mha.experiments.config`): each run's configuration
 is made and checked once, when the file is loaded, so an unknown name, a wrong type or a bad value stops the sweep
 before any run starts (and a chapter that loads the same sweep again does not check it again). A key given twice in
-one mapping is refused (YAML readers usually keep the last one silently), and ``1e-3`` is a float.
-Instead of ``study``, a sweep may name any papermill ``notebook`` (relative to the sweep file or the repository
-root) whose parameters cell defines ``out_dir``; its parameters are then the notebook's.
+one mapping is refused (YAML readers usually keep the last one silently), and ``1e-3`` is a float. The study's
+papermill template is ``experiments/notebooks/<study>.ipynb``, under the sweep file's repository, else under the
+checkout the package runs from.
 
 A run's ``run_id`` is a hash of its base + grid settings (:func:`run_id`), stable across reruns, key order and
 machines; its ``config`` is every setting it uses, defaults included, compared as canonical JSON
@@ -25,7 +25,6 @@ machines; its ``config`` is every setting it uses, defaults included, compared a
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import itertools
 import json
@@ -46,7 +45,7 @@ __all__ = ["Sweep", "Run", "load_sweep", "run_id", "canonical_config", "config_d
            "describe_parameters", "RUNNER_PARAMETERS", "NOTEBOOKS"]
 
 RUNNER_PARAMETERS = ("out_dir", "artifacts_dir")  # set by the runner for every run, never by a sweep
-SWEEP_KEYS = {"name", "study", "notebook", "base", "grid", "jobs"}
+SWEEP_KEYS = {"name", "study", "base", "grid", "jobs"}
 NOTEBOOKS = Path("experiments") / "notebooks"  # the studies' templates, relative to the repository root
 
 
@@ -97,18 +96,17 @@ class Run:
     run_id: str  # stable hash of ``parameters``
     parameters: dict  # base + this grid point (what the sweep sets)
     config: dict  # every setting the run uses, defaults included, flat (the row's columns; its ``config`` column)
-    study_config: RunConfig | None = None  # a study's run: its configuration, made and checked once, when the sweep
-    # was loaded, and handed as it is to the study's function (``--executor function``); None for a notebook sweep
+    study_config: RunConfig  # its configuration, made and checked once, when the sweep was loaded, and handed as it
+    # is to the study's function (``--executor function``)
 
 
 @dataclass
 class Sweep:
     name: str  # the sweep's name (its results folder's name)
-    study: str | None  # the study (mha.experiments.studies), or None for a plain notebook sweep
-    notebook: Path | None  # the papermill template (a study's default, or the sweep's notebook)
+    study: str  # the study (mha.experiments.studies)
+    notebook: Path | None  # the study's papermill template (None when no checkout has it: --executor function)
     base: dict  # parameters shared by every run
     grid: dict  # parameter -> list of values; the runs are the cartesian product
-    defaults: dict  # a plain notebook's parameters and their default values ({} for a study)
     path: Path  # the YAML file
     jobs: int = 1  # runs in parallel unless the command line says otherwise
     _runs: list = field(default_factory=list, repr=False)  # the runs, made and checked by load_sweep
@@ -117,14 +115,9 @@ class Sweep:
         """Every grid point, in the grid's order (the last parameter varies fastest), with its configuration."""
         return self._runs
 
-    @property
-    def label(self) -> str:
-        """What the ``study`` column records: the study's name, or ``notebook:<file name>`` for a notebook sweep."""
-        return self.study if self.study is not None else f"notebook:{self.notebook.name}"
-
     def threads(self, run: Run) -> int:
-        """CPU threads of one run (the setting ``threads``; default 1)."""
-        return run.config.get("threads", 1)
+        """CPU threads of one run (its setting ``threads``, 1 unless the sweep sets it)."""
+        return run.config["threads"]
 
     def command(self) -> str:
         """The command that (re)makes this sweep's results (:func:`command`)."""
@@ -147,28 +140,6 @@ def _repo_root(start: Path) -> Path | None:
         if (folder / ".git").exists():
             return folder
     return None
-
-
-def _notebook_defaults(notebook: Path) -> dict:
-    """The notebook's papermill parameters and their default values (literal values parsed, others as text)."""
-    import papermill  # imported here: ``python -m mha.sweep --help`` stays fast
-
-    defaults = {}
-    for name, info in papermill.inspect_notebook(str(notebook)).items():
-        try:
-            defaults[name] = ast.literal_eval(info["default"])
-        except (ValueError, SyntaxError):
-            defaults[name] = info["default"]
-    return defaults
-
-
-def _find(path: Path, relative: str) -> Path | None:
-    """``relative`` beside the sweep file, or under the repository root."""
-    candidates = [path.parent / relative]
-    root = _repo_root(path.parent)
-    if root is not None:
-        candidates.append(root / relative)
-    return next((c.resolve() for c in candidates if c.is_file()), None)
 
 
 def _study_notebook(path: Path, study: str) -> Path | None:
@@ -195,8 +166,14 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist")
     spec = _read_yaml(path)
+    from mha.experiments.studies import STUDIES  # imported here: ``python -m mha.sweep --help`` stays fast
+
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: a sweep file is a mapping with keys {sorted(SWEEP_KEYS)}, got {type(spec).__name__}")
+    if "notebook" in spec:
+        raise ValueError(f"{path}: sweep files name a study (study: one of {sorted(STUDIES)}), whose template is "
+                         f"{NOTEBOOKS / '<study>.ipynb'}; plain notebook sweeps were removed, so 'notebook' is not a "
+                         f"key of a sweep file")
     unknown = sorted(set(spec) - SWEEP_KEYS)
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; expected {sorted(SWEEP_KEYS)}")
@@ -217,31 +194,10 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
             raise ValueError(f"{path}: '{key}' is set by the runner for each run; remove it from the sweep file")
 
     jobs = check_int(f"{path}: jobs", spec.get("jobs", 1))
-    study, notebook = spec.get("study"), spec.get("notebook")
-    if (study is None) == (notebook is None):
-        raise ValueError(f"{path}: give either 'study' (one of the package's studies) or 'notebook' (a papermill "
-                         f"notebook), not {'both' if study else 'neither'}")
-    if study is not None:
-        from mha.experiments.studies import STUDIES
-
-        if study not in STUDIES:
-            raise ValueError(f"{path}: study must be one of {sorted(STUDIES)}, got {study!r}")
-        sweep = Sweep(name, study, _study_notebook(path, study), base, grid, {}, path, jobs)
-    else:
-        if not isinstance(notebook, str):
-            raise ValueError(f"{path}: 'notebook' must be a path (relative to the sweep file or the repository root)")
-        found = _find(path, notebook)
-        if found is None:
-            raise ValueError(f"{path}: notebook {notebook!r} not found beside the sweep file or under the repository "
-                             f"root")
-        defaults = _notebook_defaults(found)
-        if "out_dir" not in defaults:
-            raise ValueError(f"{found}: its parameters cell (tagged 'parameters') must define out_dir")
-        unknown = sorted((set(base) | set(grid)) - set(defaults))
-        if unknown:
-            raise ValueError(f"{path}: parameters {unknown} are not parameters of {found.name}; its parameters are "
-                             f"{sorted(defaults)}")
-        sweep = Sweep(name, None, found, base, grid, defaults, path, jobs)
+    study = spec.get("study")
+    if study not in STUDIES:
+        raise ValueError(f"{path}: study must be one of {sorted(STUDIES)}, got {study!r}")
+    sweep = Sweep(name, study, _study_notebook(path, study), base, grid, path, jobs)
     _check_runs(sweep)
     return sweep
 
@@ -249,16 +205,19 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
 def _check_runs(sweep: Sweep) -> None:
     """Make every run and check its settings now, not when the run starts; two grid points that make the same run
     (a value listed twice, or 1 and 1.0) are refused."""
+    from mha.experiments.studies import STUDIES
+
     keys, points = list(sweep.grid), itertools.product(*sweep.grid.values())
     seen = {}
     runs = []
     for values in points:
         parameters = {**sweep.base, **dict(zip(keys, values))}
         try:
-            study_config, config = _resolve(sweep, parameters)
+            study_config = _study_config(STUDIES[sweep.study].config, parameters)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{sweep.path}: run {run_id(parameters)} ({describe_parameters(parameters, keys)}): "
                               f"{error}") from None
+        config = study_config.to_dict()  # every setting of the run, flat, defaults included
         text = canonical_config(config)
         if text in seen:
             raise ValueError(f"{sweep.path}: the grid points ({describe_parameters(seen[text], keys)}) and "
@@ -266,20 +225,6 @@ def _check_runs(sweep: Sweep) -> None:
         seen[text] = parameters
         runs.append(Run(run_id(parameters), parameters, config, study_config))
     sweep._runs = runs
-
-
-def _resolve(sweep: Sweep, parameters: dict) -> tuple:
-    """``(study_config, config)``: a study's run's configuration (None for a notebook sweep) and every setting of the
-    run with its value, flat (the default where the sweep sets none)."""
-    if sweep.study is None:
-        effective = {**sweep.defaults, **parameters}
-        for name in RUNNER_PARAMETERS:
-            effective.pop(name, None)
-        return None, effective
-    from mha.experiments.studies import STUDIES
-
-    study_config = _study_config(STUDIES[sweep.study].config, parameters)
-    return study_config, study_config.to_dict()
 
 
 _STUDY_CONFIGS = {}  # (configuration class, parameters as JSON) -> the configuration: see _study_config
