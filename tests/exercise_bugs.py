@@ -15,6 +15,8 @@ exactly that diagnosis (``ExerciseError.bug``).
 
 from __future__ import annotations
 
+import cmath
+import functools
 import itertools
 import math
 from typing import Callable, NamedTuple
@@ -370,6 +372,171 @@ def sdpa_grad_rows(q, k, v, grad_out, mask=None, scale=None):
     return dq, dk, dv
 
 
+# --- part IV: RoPE, a decode step with RoPE, the sliding-window mask, sinks, RMSNorm ------------------------------
+
+
+def _rope_loop(x, positions, base, partner):
+    """Pair by pair in complex numbers: (x[a] + i x[b]) e^{i m theta_i}, partner(i, d) = (a, b)."""
+    x = _np(x)
+    pos = np.broadcast_to(_np(positions), x.shape[:-1])
+    d = x.shape[-1]
+    out = np.empty_like(x)
+    for index in np.ndindex(x.shape[:-1]):
+        m = int(pos[index])
+        for i in range(d // 2):
+            a, b = partner(i, d)
+            z = complex(x[index][a], x[index][b]) * cmath.exp(1j * m * base ** (-2 * i / d))
+            out[index][a], out[index][b] = z.real, z.imag
+    return out
+
+
+def rope_loop(x, positions, base=10000.0):
+    """Rotate-half pairs (x[i], x[i + d/2]), one complex multiplication per pair."""
+    return _rope_loop(x, positions, base, lambda i, d: (i, i + d // 2))
+
+
+def rope_loop_interleaved(x, positions, base=10000.0):
+    """Adjacent pairs (x[2i], x[2i+1]), one complex multiplication per pair."""
+    return _rope_loop(x, positions, base, lambda i, d: (2 * i, 2 * i + 1))
+
+
+def rope_torch(x, positions, base=10000.0):
+    """Hugging Face's form: x * cos + rotate_half(x) * sin, the angles [m theta, m theta] concatenated."""
+    x, pos = _tt(x), _tt(positions)
+    d = x.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    freqs = pos.to(torch.float64)[..., None] * inv_freq  # (..., L, d/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (..., L, d), angles in float64, cos and sin in x's dtype
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * emb.cos().to(x.dtype) + torch.cat([-x2, x1], dim=-1) * emb.sin().to(x.dtype)
+
+
+def rope_torch_complex(x, positions, base=10000.0):
+    """Meta's original form: adjacent pairs viewed as complex numbers, times e^{i m theta}."""
+    x, pos = _tt(x), _tt(positions)
+    d = x.shape[-1]
+    freqs = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angles = pos.to(torch.float64)[..., None] * freqs  # (..., L, d/2)
+    rotation = torch.polar(torch.ones_like(angles), angles)  # e^{i m theta}
+    xc = torch.view_as_complex(x.to(torch.float64).reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(xc * rotation).flatten(-2).to(x.dtype)  # (..., L, d)
+
+
+def rope_decode_reference(q, k_new, v_new, k_cache, v_cache):
+    """The reference's RoPE at positions c .. c+T-1, then its attention over the caches (causal, bottom-right)."""
+    positions = k_cache.shape[2] + np.arange(q.shape[2])
+    k_all = np.concatenate([k_cache, R.rope(k_new, positions)], axis=2)  # the cache stores rotated keys
+    v_all = np.concatenate([v_cache, v_new], axis=2)
+    n_rep = q.shape[1] // k_all.shape[1]
+    out, _ = R.scaled_dot_product_attention(R.rope(q, positions), R.repeat_kv(k_all, n_rep), R.repeat_kv(v_all, n_rep),
+                                            mask=R.causal_mask(q.shape[2], k_all.shape[2]))
+    return out, k_all, v_all
+
+
+def rope_decode_torch(q, k_new, v_new, k_cache, v_cache):
+    q, k_new, v_new, k_cache, v_cache = (_tt(a) for a in (q, k_new, v_new, k_cache, v_cache))
+    c, T = k_cache.shape[2], q.shape[2]
+    positions = torch.arange(c, c + T)
+    return decode_torch(rope_torch(q, positions), rope_torch(k_new, positions), v_new, k_cache, v_cache)
+
+
+def rope_decode_loop(q, k_new, v_new, k_cache, v_cache):
+    positions = k_cache.shape[2] + np.arange(q.shape[2])
+    return decode_loop(rope_loop(q, positions), rope_loop(k_new, positions), v_new, k_cache, v_cache)
+
+
+def rope_decode_torch_interleaved(q, k_new, v_new, k_cache, v_cache):
+    q, k_new, v_new, k_cache, v_cache = (_tt(a) for a in (q, k_new, v_new, k_cache, v_cache))
+    positions = torch.arange(k_cache.shape[2], k_cache.shape[2] + q.shape[2])
+    q, k_new = rope_torch_complex(q, positions), rope_torch_complex(k_new, positions)
+    return decode_torch(q, k_new, v_new, k_cache, v_cache)
+
+
+def window_loop(l_q, l_kv, window):
+    offset = l_kv - l_q  # query i sits at position offset + i
+    return np.array([[offset + i - window < j <= offset + i for j in range(l_kv)] for i in range(l_q)], dtype=bool)
+
+
+def window_torch(l_q, l_kv, window):
+    ones = torch.ones(l_q, l_kv, dtype=torch.bool)
+    return ones.tril(diagonal=l_kv - l_q) & ~ones.tril(diagonal=l_kv - l_q - window)
+
+
+def window_distance(l_q, l_kv, window):
+    distance = (l_kv - l_q + np.arange(l_q))[:, None] - np.arange(l_kv)[None, :]  # p - j
+    return (distance >= 0) & (distance < window)
+
+
+def sink_reference(q, k, v, sinks, mask=None, scale=None):
+    return R.scaled_dot_product_attention(q, k, v, mask, scale, sinks=sinks)
+
+
+def sink_loop(q, k, v, sinks, mask=None, scale=None):
+    """Row by row: the row's scores and its head's sink in one Python softmax, the sink's share dropped."""
+    q, k, v, sinks = _np(q), _np(k), _np(v), _np(sinks)
+    batch = q.shape[:-2]
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    c = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    m = np.ones(batch + (n_q, n_k), dtype=bool) if mask is None else np.broadcast_to(_np(mask).astype(bool),
+                                                                                    batch + (n_q, n_k))
+    out, weights = np.zeros(batch + (n_q, v.shape[-1])), np.zeros(batch + (n_q, n_k))
+    for b in np.ndindex(batch):
+        head = b[-1]
+        for i in range(n_q):
+            row = [c * float(q[b][i] @ k[b][j]) if m[b][i, j] else -math.inf for j in range(n_k)]
+            probs = _loop_softmax_row(row + [float(sinks[head])])
+            weights[b][i] = probs[:-1]
+            out[b][i] = sum(probs[j] * v[b][j] for j in range(n_k))
+    return out, weights
+
+
+def sink_torch(q, k, v, sinks, mask=None, scale=None):
+    """gpt-oss's form: the sink as one more column of the scores, softmax, the column dropped."""
+    q, k, v, sinks = _tt(q), _tt(k), _tt(v), _tt(sinks)
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = c * q @ k.transpose(-2, -1)  # (..., h, L_q, L_kv)
+    if mask is not None:
+        scores = scores.masked_fill(~_tt(mask), float("-inf"))
+    column = sinks.reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)  # (..., h, L_q, 1)
+    probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)
+    weights = probs[..., :-1]
+    return weights @ v, weights
+
+
+def sink_logsumexp(q, k, v, sinks, mask=None, scale=None):
+    """NumPy: log Z over the allowed scores and the sink (np.logaddexp), then weights = exp(S - log Z)."""
+    c = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = c * (q @ np.swapaxes(k, -1, -2))
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):  # a row with no allowed key: log 0 = -inf, and log Z is the sink's
+        log_z = np.logaddexp(top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)), sinks[..., None, None])
+    weights = np.exp(scores - log_z)
+    return weights @ v, weights
+
+
+def rms_norm_loop(x, weight, eps=1e-6):
+    x, weight = _np(x), _np(weight)
+    out = np.empty_like(x)
+    for index in np.ndindex(x.shape[:-1]):
+        row = list(x[index])
+        root = math.sqrt(sum(a * a for a in row) / len(row) + eps)
+        out[index] = [a / root * w for a, w in zip(row, weight)]
+    return out
+
+
+def rms_norm_torch(x, weight, eps=1e-6):
+    x, weight = _tt(x), _tt(weight)
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rms_norm_functional(x, weight, eps=1e-6):
+    x, weight = _tt(x), _tt(weight)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
 CORRECT: dict[str, list[tuple[str, Callable, dict]]] = {
     "check_softmax": [("reference", R.softmax, {}), ("loop", softmax_loop, {}), ("torch", softmax_torch, {}),
                       ("logsumexp", softmax_logsumexp, {})],
@@ -393,6 +560,20 @@ CORRECT: dict[str, list[tuple[str, Callable, dict]]] = {
                                ("torch jacobian", softmax_backward_torch, {})],
     "check_scaled_dot_product_attention_grad": [("reference", R.scaled_dot_product_attention_grad, {}),
                                                 ("autograd", sdpa_grad_autograd, {}), ("rows", sdpa_grad_rows, {})],
+    "check_rope": [("reference", R.rope, {}), ("loop", rope_loop, {}), ("torch rotate_half", rope_torch, {}),
+                   ("reference, interleaved", functools.partial(R.rope, style="interleaved"), {"style": "interleaved"}),
+                   ("loop, interleaved", rope_loop_interleaved, {"style": "interleaved"}),
+                   ("torch complex, interleaved", rope_torch_complex, {"style": "interleaved"})],
+    "check_rope_decode_step": [("reference (rope, attention)", rope_decode_reference, {}),
+                               ("torch sdpa", rope_decode_torch, {}), ("loop", rope_decode_loop, {}),
+                               ("torch complex, interleaved", rope_decode_torch_interleaved, {"style": "interleaved"})],
+    "check_sliding_window_mask": [("reference", R.sliding_window_mask, {}), ("loop", window_loop, {}),
+                                  ("torch", window_torch, {}), ("distance", window_distance, {})],
+    "check_sink_attention": [("reference (scaled_dot_product_attention, sinks=)", sink_reference, {}),
+                             ("loop", sink_loop, {}), ("torch, gpt-oss style", sink_torch, {}),
+                             ("logsumexp", sink_logsumexp, {})],
+    "check_rms_norm": [("reference", R.rms_norm, {}), ("loop", rms_norm_loop, {}), ("torch", rms_norm_torch, {}),
+                       ("torch F.rms_norm", rms_norm_functional, {})],
 }
 
 
@@ -1376,3 +1557,419 @@ def grad_ignores_mask(q, k, v, grad_out, mask=None, scale=None):
 def grad_returns_dv_first(q, k, v, grad_out, mask=None, scale=None):
     dq, dk, dv = sdpa_grad_rows(q, k, v, grad_out, mask, scale)
     return dv, dk, dq
+
+
+# --- part IV: RoPE -----------------------------------------------------------------------------------------------
+# A reader's RoPE: frequencies base^(-2i/d), angles m theta_i, each pair (a, b) turned to (a cos - b sin,
+# a sin + b cos). Each function writes it out with one mistake; the pairing is rotate-half unless the checker is
+# told style="interleaved".
+
+def _half_rope_np(x, angles):
+    """Rotate-half pairs (x[i], x[i + d/2]) turned by the (..., L, d/2) angles (correct)."""
+    d = x.shape[-1]
+    a, b = x[..., : d // 2], x[..., d // 2:]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def _angles_np(positions, d, base=10000.0):
+    return np.asarray(positions)[..., None] * base ** (-np.arange(0, d, 2) / d)  # (..., L, d/2)
+
+
+@bug("check_rope", "rope_wrong_pairing")
+def rope_adjacent_pairs(x, positions, base=10000.0):
+    """Meta's adjacent pairs, checked as rotate-half (the checker's default)."""
+    angles = _angles_np(positions, x.shape[-1], base)
+    a, b = x[..., 0::2], x[..., 1::2]  # pairs (x[2i], x[2i+1])
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)
+
+
+@bug("check_rope", "rope_wrong_pairing", style="interleaved")
+def rope_torch_rotate_half_as_interleaved(x, positions, base=10000.0):
+    """Hugging Face's rotate_half, handed in as the interleaved (Meta) convention."""
+    return rope_torch(x, positions, base)
+
+
+@bug("check_rope", "rope_angle_layout")
+def rope_repeat_interleaved_angles(x, positions, base=10000.0):
+    """rotate_half with the cos/sin table of the interleaved layout: theta_0, theta_0, theta_1, theta_1, ..."""
+    d = x.shape[-1]
+    emb = np.repeat(_angles_np(positions, d, base), 2, axis=-1)  # (..., L, d), should be [angles, angles]
+    rotated_half = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
+    return x * np.cos(emb) + rotated_half * np.sin(emb)
+
+
+@bug("check_rope", "rope_angle_layout", style="interleaved")
+def rope_torch_every_two_with_half_tables(x, positions, base=10000.0):
+    """Adjacent pairs in real arithmetic, with Hugging Face's cos/sin tables [angles, angles]."""
+    x, pos = _tt(x), _tt(positions)
+    d = x.shape[-1]
+    freqs = pos.to(torch.float64)[..., None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    emb = torch.cat([freqs, freqs], dim=-1)  # laid out for rotate-half: coordinate 2i gets theta_(2i mod d/2)
+    turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * emb.cos() + turned * emb.sin()
+
+
+@bug("check_rope", "rope_rotation_sign")
+def rope_rotate_half_wrong_sign(x, positions, base=10000.0):
+    d = x.shape[-1]
+    angles = _angles_np(positions, d, base)
+    emb = np.concatenate([angles, angles], axis=-1)
+    rotated_half = np.concatenate([x[..., d // 2:], -x[..., : d // 2]], axis=-1)  # (x2, -x1): should be (-x2, x1)
+    return x * np.cos(emb) + rotated_half * np.sin(emb)
+
+
+@bug("check_rope", "rope_rotation_sign", style="interleaved")
+def rope_torch_complex_conjugate(x, positions, base=10000.0):
+    x, pos = _tt(x), _tt(positions)
+    d = x.shape[-1]
+    angles = pos.to(torch.float64)[..., None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rotation = torch.polar(torch.ones_like(angles), -angles)  # e^{-i m theta}
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(xc * rotation).flatten(-2)
+
+
+@bug("check_rope", "rope_positions_ignored")
+def rope_arange_positions(x, positions, base=10000.0):
+    L = x.shape[-2]
+    return _half_rope_np(x, _angles_np(np.arange(L), x.shape[-1], base))  # the sequence is assumed to start at 0
+
+
+@bug("check_rope", "rope_freq_missing_2")
+def rope_frequencies_without_2(x, positions, base=10000.0):
+    d = x.shape[-1]
+    theta = base ** (-np.arange(d // 2) / d)  # i/d: the 2 of 2i/d is gone
+    return _half_rope_np(x, np.asarray(positions)[..., None] * theta)
+
+
+@bug("check_rope", "rope_freq_missing_2")
+def rope_torch_frequencies_without_2(x, positions, base=10000.0):
+    x, pos = _tt(x), _tt(positions)
+    d = x.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(d // 2, dtype=torch.float64) / d)  # arange(d // 2), not arange(0, d, 2)
+    freqs = pos.to(torch.float64)[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return x * emb.cos() + torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1) * emb.sin()
+
+
+@bug("check_rope", "rope_freq_inverted")
+def rope_frequencies_growing(x, positions, base=10000.0):
+    d = x.shape[-1]
+    theta = base ** (np.arange(0, d, 2) / d)  # the minus sign is lost
+    return _half_rope_np(x, np.asarray(positions)[..., None] * theta)
+
+
+@bug("check_rope", "rope_base_ignored")
+def rope_base_hardcoded(x, positions, base=10000.0):
+    return _half_rope_np(x, _angles_np(positions, x.shape[-1], 10000.0))  # always 10000
+
+
+@bug("check_rope", "modifies_input")
+def rope_in_place(x, positions, base=10000.0):
+    d = x.shape[-1]
+    angles = _angles_np(positions, d, base)
+    cos, sin = np.cos(angles), np.sin(angles)
+    a, b = x[..., : d // 2].copy(), x[..., d // 2:].copy()
+    x[..., : d // 2] = a * cos - b * sin  # writes into the caller's array
+    x[..., d // 2:] = a * sin + b * cos
+    return x
+
+
+# --- part IV: a decode step with RoPE ----------------------------------------------------------------------------
+# A reader's step: rotate the new queries and keys at positions c .. c+T-1, append the rotated keys and the values,
+# attend with the bottom-right causal mask (the reader's decode_np); one mistake each.
+
+def _rope_np(x, positions):
+    return _half_rope_np(x, _angles_np(positions, x.shape[-1]))
+
+
+@bug("check_rope_decode_step", "rope_after_caching")
+def rope_decode_rotates_whole_cache(q, k_new, v_new, k_cache, v_cache):
+    """The cache keeps raw keys; every step rotates all of them at 0 .. c+T-1 (the given cache is already rotated)."""
+    c, T = k_cache.shape[2], q.shape[2]
+    k_all, v_all = np.concatenate([k_cache, k_new], axis=2), np.concatenate([v_cache, v_new], axis=2)
+    k_rot = _rope_np(k_all, np.arange(c + T))
+    n_rep = q.shape[1] // k_all.shape[1]
+    out, _ = _np_attention(_rope_np(q, c + np.arange(T)), np.repeat(k_rot, n_rep, axis=1),
+                           np.repeat(v_all, n_rep, axis=1), _bottom_right(T, c + T))
+    return out, k_all, v_all
+
+
+@bug("check_rope_decode_step", "rope_after_caching")
+def rope_decode_torch_caches_raw_keys(q, k_new, v_new, k_cache, v_cache):
+    """The cache is written first, RoPE applied afterwards for the attention only."""
+    q, k_new, v_new, k_cache, v_cache = (_tt(a) for a in (q, k_new, v_new, k_cache, v_cache))
+    k_cache_out, v_cache_out = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)
+    positions = torch.arange(k_cache.shape[2], k_cache.shape[2] + q.shape[2])
+    q, k_new = rope_torch(q, positions), rope_torch(k_new, positions)  # after the cache was written
+    out, _, _ = decode_torch(q, k_new, v_new, k_cache, v_cache)
+    return out, k_cache_out, v_cache_out
+
+
+@bug("check_rope_decode_step", "rope_no_position_offset")
+def rope_decode_positions_from_zero(q, k_new, v_new, k_cache, v_cache):
+    positions = np.arange(q.shape[2])  # the cached positions are forgotten
+    return decode_np(_rope_np(q, positions), _rope_np(k_new, positions), v_new, k_cache, v_cache)
+
+
+@bug("check_rope_decode_step", "rope_no_position_offset")
+def rope_decode_torch_positions_from_zero(q, k_new, v_new, k_cache, v_cache):
+    q, k_new = _tt(q), _tt(k_new)
+    positions = torch.arange(q.shape[2])
+    return decode_torch(rope_torch(q, positions), rope_torch(k_new, positions), v_new, k_cache, v_cache)
+
+
+@bug("check_rope_decode_step", "rope_on_values")
+def rope_decode_rotates_values(q, k_new, v_new, k_cache, v_cache):
+    positions = k_cache.shape[2] + np.arange(q.shape[2])
+    q, k_new, v_new = (_rope_np(a, positions) for a in (q, k_new, v_new))  # v too
+    return decode_np(q, k_new, v_new, k_cache, v_cache)
+
+
+@bug("check_rope_decode_step", "rope_query_not_rotated")
+def rope_decode_rotates_keys_only(q, k_new, v_new, k_cache, v_cache):
+    positions = k_cache.shape[2] + np.arange(q.shape[2])
+    return decode_np(q, _rope_np(k_new, positions), v_new, k_cache, v_cache)
+
+
+@bug("check_rope_decode_step", "rope_key_not_rotated")
+def rope_decode_torch_rotates_queries_only(q, k_new, v_new, k_cache, v_cache):
+    q = _tt(q)
+    positions = torch.arange(k_cache.shape[2], k_cache.shape[2] + q.shape[2])
+    return decode_torch(rope_torch(q, positions), k_new, v_new, k_cache, v_cache)
+
+
+@bug("check_rope_decode_step", "rope_wrong_pairing")
+def rope_decode_adjacent_pairs(q, k_new, v_new, k_cache, v_cache):
+    """Meta's adjacent pairs, against a cache rotated with rotate-half."""
+    positions = k_cache.shape[2] + np.arange(q.shape[2])
+    return decode_np(rope_adjacent_pairs(q, positions), rope_adjacent_pairs(k_new, positions), v_new, k_cache,
+                     v_cache)
+
+
+@bug("check_rope_decode_step", "causal_top_left")
+def rope_decode_torch_is_causal(q, k_new, v_new, k_cache, v_cache):
+    q, k_new, v_new, k_cache, v_cache = (_tt(a) for a in (q, k_new, v_new, k_cache, v_cache))
+    positions = torch.arange(k_cache.shape[2], k_cache.shape[2] + q.shape[2])
+    k_all = torch.cat([k_cache, rope_torch(k_new, positions)], dim=2)
+    v_all = torch.cat([v_cache, v_new], dim=2)
+    out = F.scaled_dot_product_attention(rope_torch(q, positions), k_all, v_all, is_causal=q.shape[2] > 1,
+                                         enable_gqa=True)  # top-left when L_q != L_kv
+    return out, k_all, v_all
+
+
+# --- part IV: the sliding-window mask ------------------------------------------------------------------------------
+
+@bug("check_sliding_window_mask", "window_one_key_too_many")
+def window_counts_past_keys(l_q, l_kv, window):
+    p = (l_kv - l_q + np.arange(l_q))[:, None]
+    j = np.arange(l_kv)[None, :]
+    return (j <= p) & (p - j <= window)  # window past keys and the query: window + 1 in all
+
+
+@bug("check_sliding_window_mask", "window_one_key_too_many")
+def window_torch_flash_convention(l_q, l_kv, window):
+    ones = torch.ones(l_q, l_kv, dtype=torch.bool)
+    offset = l_kv - l_q
+    return ones.tril(diagonal=offset) & ~ones.tril(diagonal=offset - window - 1)  # FlashAttention's left = window
+
+
+@bug("check_sliding_window_mask", "window_one_key_too_few")
+def window_strict_and_minus_one(l_q, l_kv, window):
+    offset = l_kv - l_q
+    return np.array([[offset + i - window + 1 < j <= offset + i for j in range(l_kv)] for i in range(l_q)],
+                    dtype=bool)
+
+
+@bug("check_sliding_window_mask", "window_top_left")
+def window_from_query_index(l_q, l_kv, window):
+    i = np.arange(l_q)[:, None]  # query i taken to be at position i
+    j = np.arange(l_kv)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+@bug("check_sliding_window_mask", "window_not_causal")
+def window_lower_bound_only(l_q, l_kv, window):
+    p = (l_kv - l_q + np.arange(l_q))[:, None]
+    return np.arange(l_kv)[None, :] > p - window
+
+
+@bug("check_sliding_window_mask", "window_symmetric")
+def window_band(l_q, l_kv, window):
+    p = (l_kv - l_q + np.arange(l_q))[:, None]
+    return np.abs(p - np.arange(l_kv)[None, :]) < window  # Longformer's local window
+
+
+@bug("check_sliding_window_mask", "window_ignored")
+def window_torch_causal_only(l_q, l_kv, window):
+    return torch.ones(l_q, l_kv, dtype=torch.bool).tril(diagonal=l_kv - l_q)
+
+
+@bug("check_sliding_window_mask", "mask_not_boolean")
+def window_ones_and_zeros(l_q, l_kv, window):
+    ones = np.ones((l_q, l_kv))
+    return np.tril(ones, k=l_kv - l_q) - np.tril(ones, k=l_kv - l_q - window)  # 1.0 / 0.0
+
+
+# --- part IV: attention with sink logits -------------------------------------------------------------------------
+# A reader's attention with sinks: the scores, one more column per row holding the head's sink logit, the softmax
+# over L_kv + 1 entries, the column dropped; one mistake each.
+
+def _sink_scores_np(q, k, mask, scale):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    return scores if mask is None else np.where(mask, scores, -np.inf)
+
+
+def _with_sink_column(scores, sinks):
+    column = np.broadcast_to(sinks[:, None, None], scores.shape[:-1] + (1,))  # (..., h, L_q, 1)
+    return np.concatenate([scores, column], axis=-1)
+
+
+@bug("check_sink_attention", "sink_ignored")
+def sink_left_out(q, k, v, sinks, mask=None, scale=None):
+    return _np_attention(q, k, v, mask, scale)  # `sinks` accepted and never read
+
+
+@bug("check_sink_attention", "sink_ignored")
+def sink_torch_renormalised(q, k, v, sinks, mask=None, scale=None):
+    _, weights = sink_torch(q, k, v, sinks, mask, scale)
+    weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-300)  # "the rows must sum to 1"
+    return weights @ _tt(v), weights
+
+
+@bug("check_sink_attention", "sink_ignored")
+def sink_added_to_scores(q, k, v, sinks, mask=None, scale=None):
+    scores = _sink_scores_np(q, k, None, scale) + sinks[:, None, None]  # a constant per row: the softmax drops it
+    weights = _np_softmax_rows(scores, mask)
+    return weights @ v, weights
+
+
+@bug("check_sink_attention", "sink_column_kept")
+def sink_weights_with_column(q, k, v, sinks, mask=None, scale=None):
+    probs = _np_softmax_rows(_with_sink_column(_sink_scores_np(q, k, mask, scale), sinks))
+    return probs[..., :-1] @ v, probs  # the sink's column left in the weights
+
+
+@bug("check_sink_attention", "sink_column_kept")
+def sink_torch_column_first(q, k, v, sinks, mask=None, scale=None):
+    q, k, v, sinks = _tt(q), _tt(k), _tt(v), _tt(sinks)
+    c = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = c * q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~_tt(mask), float("-inf"))
+    column = sinks.reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([column, scores], dim=-1), dim=-1)  # the sink first
+    return probs[..., 1:] @ v, probs
+
+
+@bug("check_sink_attention", "sink_scaled")
+def sink_scaled_with_scores(q, k, v, sinks, mask=None, scale=None):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = _with_sink_column(q @ np.swapaxes(k, -1, -2), sinks)
+    if mask is not None:
+        logits = np.where(np.concatenate([np.broadcast_to(mask, logits.shape[:-1] + (k.shape[-2],)),
+                                          np.ones(logits.shape[:-1] + (1,), dtype=bool)], axis=-1), logits, -np.inf)
+    probs = _np_softmax_rows(scale * logits)  # the sink column scaled too
+    return probs[..., :-1] @ v, probs[..., :-1]
+
+
+@bug("check_sink_attention", "sink_not_shifted")
+def sink_exp_unshifted(q, k, v, sinks, mask=None, scale=None):
+    scores = _sink_scores_np(q, k, mask, scale)
+    top = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True) + np.exp(sinks[:, None, None])  # exp(sink), not exp(sink - top)
+    weights = e / total
+    return weights @ v, weights
+
+
+@bug("check_sink_attention", "sink_per_query")
+def sink_broadcast_per_query(q, k, v, sinks, mask=None, scale=None):
+    scores = _sink_scores_np(q, k, mask, scale)
+    column = np.broadcast_to(sinks[:, None], scores.shape[:-1] + (1,))  # (h, 1) lines up with the queries
+    probs = _np_softmax_rows(np.concatenate([scores, column], axis=-1))
+    return probs[..., :-1] @ v, probs[..., :-1]
+
+
+@bug("check_sink_attention", "no_scale")
+def sink_torch_unscaled(q, k, v, sinks, mask=None, scale=None):
+    return sink_torch(q, k, v, sinks, mask, 1.0)  # the scale is never applied
+
+
+# --- part IV: RMSNorm ----------------------------------------------------------------------------------------------
+
+@bug("check_rms_norm", "rmsnorm_subtracts_mean")
+def rms_norm_as_layer_norm(x, weight, eps=1e-6):
+    centred = x - x.mean(axis=-1, keepdims=True)
+    return centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+@bug("check_rms_norm", "rmsnorm_subtracts_mean")
+def rms_norm_torch_layer_norm(x, weight, eps=1e-6):
+    x = _tt(x)
+    return F.layer_norm(x, (x.shape[-1],), _tt(weight), None, eps)
+
+
+@bug("check_rms_norm", "rmsnorm_variance")
+def rms_norm_by_std(x, weight, eps=1e-6):
+    return x / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * weight
+
+
+@bug("check_rms_norm", "rmsnorm_sum_not_mean")
+def rms_norm_unit_length(x, weight, eps=1e-6):
+    return x / np.sqrt((x ** 2).sum(axis=-1, keepdims=True) + eps) * weight
+
+
+@bug("check_rms_norm", "rmsnorm_sum_not_mean")
+def rms_norm_torch_normalize(x, weight, eps=1e-6):
+    return F.normalize(_tt(x), dim=-1, eps=eps) * _tt(weight)
+
+
+@bug("check_rms_norm", "rmsnorm_eps_outside_sqrt")
+def rms_norm_eps_after_sqrt(x, weight, eps=1e-6):
+    return x / (np.sqrt((x ** 2).mean(axis=-1, keepdims=True)) + eps) * weight
+
+
+@bug("check_rms_norm", "rmsnorm_eps_ignored")
+def rms_norm_torch_without_eps(x, weight, eps=1e-6):
+    x = _tt(x)
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True)) * _tt(weight)
+
+
+@bug("check_rms_norm", "rmsnorm_eps_ignored")
+def rms_norm_fixed_eps(x, weight, eps=1e-6):
+    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + 1e-5) * weight  # PyTorch LayerNorm's default
+
+
+@bug("check_rms_norm", "rmsnorm_one_plus_weight")
+def rms_norm_gemma_gain(x, weight, eps=1e-6):
+    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * (1.0 + weight)
+
+
+@bug("check_rms_norm", "rmsnorm_no_weight")
+def rms_norm_without_gain(x, weight, eps=1e-6):
+    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps)
+
+
+@bug("check_rms_norm", "rmsnorm_wrong_axis")
+def rms_norm_over_axis_0(x, weight, eps=1e-6):
+    return x / np.sqrt((x ** 2).mean(axis=0, keepdims=True) + eps) * weight
+
+
+@bug("check_rms_norm", "rmsnorm_wrong_axis")
+def rms_norm_torch_whole_tensor(x, weight, eps=1e-6):
+    x = _tt(x)
+    return x * torch.rsqrt(x.pow(2).mean() + eps) * _tt(weight)  # one RMS for everything
+
+
+@bug("check_rms_norm", "rmsnorm_no_keepdims")
+def rms_norm_mean_without_keepdims(x, weight, eps=1e-6):
+    return x / np.sqrt((x ** 2).mean(axis=-1) + eps) * weight
+
+
+@bug("check_rms_norm", "modifies_input")
+def rms_norm_torch_in_place(x, weight, eps=1e-6):
+    x = _tt(x)
+    return x.mul_(torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)).mul_(_tt(weight))

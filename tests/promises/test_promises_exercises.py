@@ -44,6 +44,7 @@ FIRST_CASE = {  # the label of each checker's first case, as its messages name i
     "check_softmax": "x (6,), axis=-1",
     "check_scaled_dot_product_attention": "no batch axes, L_q != L_kv, d_v != d_k",
     "check_causal_mask": "self-attention (square): l_q=4, l_kv=4",
+    "check_rope": "one pair (d = 2): x (4, 2), positions [0, 1, 2, 3]",  # part IV's first checker (issue 24)
 }
 HAS_ALARM = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()  # SIGALRM used
 

@@ -24,6 +24,18 @@ Checkers (``fn`` is your function, called as shown):
 * ``check_softmax_backward(fn)``: ``fn(weights, grad_weights) -> grad_scores``.
 * ``check_scaled_dot_product_attention_grad(fn)``: ``fn(q, k, v, grad_out, mask=None, scale=None) -> (dq, dk, dv)``.
 
+Part IV, attention in today's models:
+
+* ``check_rope(fn, style="half")``: ``fn(x, positions, base=10000.0)``, RoPE on the last axis of x (..., L, d);
+  ``style`` says which pairing your function implements, "half" (x[i], x[i + d/2]) or "interleaved" (x[2i], x[2i+1]).
+* ``check_rope_decode_step(fn, style="half")``: ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)``,
+  a cached decoding step whose cache stores rotated keys and whose new positions are c .. c+T-1.
+* ``check_sliding_window_mask(fn)``: ``fn(l_q, l_kv, window)``, a boolean (l_q, l_kv) mask: query i at position
+  p = l_kv - l_q + i sees the keys p - window < j <= p.
+* ``check_sink_attention(fn)``: ``fn(q, k, v, sinks, mask=None, scale=None) -> (out, weights)``, one sink logit per
+  head joining each row's softmax and dropped afterwards.
+* ``check_rms_norm(fn)``: ``fn(x, weight, eps=1e-6)``, RMSNorm over the last axis (QK-norm).
+
 Conventions (those of ``mha.reference``): row vectors, ``Y = X W``; masks are boolean, True = may attend; a query row
 with no allowed key gets zero weights and a zero output (never NaN); query head j reads key/value head
 ``j // (n_heads / n_kv_heads)``; ``params`` holds ``W_q (d_model, h*head_dim)``, ``W_k``/``W_v (d_model,
@@ -46,20 +58,24 @@ also interrupts ``time.sleep`` (an alarm you set yourself is kept, and fires fir
 thread a watchdog thread raises in yours, which stops Python code but not one long C call (such as ``time.sleep``)
 until that call returns.
 
-Book: the checked functions are derived in parts I and II; each checker's docstring names its chapter, and the
+Book: the checked functions are derived in parts I, II and IV; each checker's docstring names its chapter, and the
 appendix 'Check your own implementation' lists them all.
 
 The package, one job a module: ``catalogue`` (the book's equations and the known bugs), ``runner`` (running the cases:
 calls, comparisons, diagnosis, messages), ``timelimit`` (stopping a call that runs too long), ``simulators`` (what each
 known bug computes), and the checkers by topic: ``attention_checks`` (softmax, attention, online softmax),
 ``head_checks`` (split, merge, multi-head attention, repeat_kv), ``decoding_checks`` (causal mask, a decode step),
-``gradient_checks`` (the backward passes). Everything a reader uses is imported here.
+``gradient_checks`` (the backward passes), ``frontier_checks`` (part IV: RoPE, a decode step with RoPE, the
+sliding-window mask, sinks, RMSNorm, whose bugs ``frontier_simulators`` computes). Everything a reader uses is
+imported here.
 """
 
 from mha.exercises.attention_checks import (check_online_softmax_attention, check_scaled_dot_product_attention,
                                             check_softmax)
 from mha.exercises.catalogue import KNOWN_BUGS, Equation, KnownBug  # noqa: F401 (the types of the catalogue)
 from mha.exercises.decoding_checks import check_causal_mask, check_decode_step
+from mha.exercises.frontier_checks import (check_rms_norm, check_rope, check_rope_decode_step, check_sink_attention,
+                                           check_sliding_window_mask)
 from mha.exercises.gradient_checks import check_scaled_dot_product_attention_grad, check_softmax_backward
 from mha.exercises.head_checks import check_merge_heads, check_multi_head_attention, check_repeat_kv, check_split_heads
 from mha.exercises.runner import ATOL, RTOL, TIMEOUT, ExerciseError, ExerciseTimeout  # noqa: F401 (tolerances)
@@ -80,4 +96,9 @@ __all__ = [
     "check_online_softmax_attention",
     "check_softmax_backward",
     "check_scaled_dot_product_attention_grad",
+    "check_rope",
+    "check_rope_decode_step",
+    "check_sliding_window_mask",
+    "check_sink_attention",
+    "check_rms_norm",
 ]

@@ -3,7 +3,8 @@
 ``Equation`` is a label of the book (``{eq}`label``) and the chapter that derives it; ``KNOWN_BUGS`` maps each bug id
 (``ExerciseError.bug``) to what the buggy code computes, a hint, and the equation it breaks. ``ERROR_HINTS`` are
 hints for exceptions, keyed on a fragment of the exception's message. What each bug *computes* lives in
-``mha.exercises.simulators``; every bug id there is a key here.
+``mha.exercises.simulators`` (part IV's checkers: ``mha.exercises.frontier_simulators``); every bug id there is a key
+here.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ EQ_SOFTMAX_JAC = Equation("bwd-softmax-jac", BWD_CH)
 EQ_DV_DA = Equation("bwd-attn-dv-da", BWD_CH)
 EQ_DS = Equation("bwd-attn-ds", BWD_CH)
 EQ_DQ_DK = Equation("bwd-attn-dq-dk", BWD_CH)
+
+# Part IV, attention in today's models: book/part4/rope.md, windows_and_sinks.md, qk_norm.md.
+ROPE_CH = "part IV 'Rotary position embeddings (RoPE)'"
+WINDOWS_CH = "part IV 'Sliding windows and attention sinks'"
+QK_NORM_CH = "part IV 'QK-norm and logit soft-capping'"
+
+EQ_ROPE_ROTATION = Equation("rope-rotation", ROPE_CH)
+EQ_ROPE_FREQ = Equation("rope-freq", ROPE_CH)
+EQ_ROPE_RELATIVE = Equation("rope-relative", ROPE_CH)
+EQ_ROPE_CACHE = Equation("rope-cache", ROPE_CH)
+EQ_WINDOW_MASK = Equation("window-mask", WINDOWS_CH)
+EQ_SINK_SOFTMAX = Equation("sink-softmax", WINDOWS_CH)
+EQ_RMSNORM = Equation("rmsnorm", QK_NORM_CH)
 
 
 class KnownBug(NamedTuple):
@@ -380,6 +394,188 @@ KNOWN_BUGS: dict[str, KnownBug] = {
         "dV = A dO instead of A^T dO",
         "O = A V, so dV = A^T dO (Lemma bwd-lemma-matmul): it has V's shape (L_kv, d_v).",
         EQ_DV_DA),
+    # --- part IV: RoPE ----------------------------------------------------------------------------------------------
+    "rope_wrong_pairing": KnownBug(
+        "the coordinates are paired the other convention's way: (x[2i], x[2i+1]) where rotate-half pairs "
+        "(x[i], x[i + d/2]), or the reverse. Each convention is right for the checkpoints trained with it, and the two "
+        "are not interchangeable (they differ by a permutation of the columns of W_q and W_k)",
+        "style 'half' (Hugging Face's Llama, Qwen, Gemma, Mistral) pairs x[i] with x[i + d/2]: a, b = x[..., :d//2], "
+        "x[..., d//2:]; style 'interleaved' (Meta's original Llama, GPT-J) pairs x[2i] with x[2i+1]: a, b = "
+        "x[..., 0::2], x[..., 1::2]. The checkers take style= to say which one your function implements.",
+        EQ_ROPE_ROTATION),
+    "rope_angle_layout": KnownBug(
+        "the two coordinates of a pair turn by different angles: the cos/sin tables are laid out for the other "
+        "pairing (theta repeated pairwise, np.repeat / repeat_interleave, where the pairs are (x[i], x[i + d/2]), or "
+        "the two halves [theta, theta] concatenated where the pairs are (x[2i], x[2i+1])), so the map is no longer "
+        "a rotation",
+        "both coordinates of pair i turn by m theta_i. Rotate-half: angles = np.concatenate([m theta, m theta], -1) "
+        "(coordinates i and i + d/2 share theta_i); interleaved: np.repeat(m theta, 2, axis=-1) (coordinates 2i and "
+        "2i+1 share theta_i).",
+        EQ_ROPE_ROTATION),
+    "rope_rotation_sign": KnownBug(
+        "each pair turns by -m theta_i instead of +m theta_i: the sine terms have the wrong sign (for example "
+        "rotate_half(x) = (x2, -x1) instead of (-x2, x1)). That is the inverse rotation, RoPE's backward pass",
+        "(a, b) -> (a cos(m theta_i) - b sin(m theta_i), a sin(m theta_i) + b cos(m theta_i)); with rotate-half, "
+        "x * cos + rotate_half(x) * sin where rotate_half(x) = np.concatenate([-x2, x1], -1).",
+        EQ_ROPE_ROTATION),
+    "rope_positions_ignored": KnownBug(
+        "the `positions` argument is ignored: the vectors are rotated at positions 0, 1, ..., L - 1 (np.arange(L)) "
+        "whatever positions were passed",
+        "angles = positions[..., None] * theta: the positions may start after a KV cache, skip, or differ from one "
+        "sequence to the next (positions of shape (N, 1, L)).",
+        EQ_ROPE_ROTATION),
+    "rope_freq_missing_2": KnownBug(
+        "the frequencies are base^(-i/d) instead of base^(-2i/d): the exponent misses its factor 2 "
+        "(np.arange(d // 2) / d), so the slowest pair turns about sqrt(base) times too fast",
+        "theta_i = base ** (-2 * i / d) for i = 0 .. d/2 - 1, i.e. base ** (-np.arange(0, d, 2) / d).",
+        EQ_ROPE_FREQ),
+    "rope_freq_inverted": KnownBug(
+        "the frequencies are base^(+2i/d): the exponent lost its minus sign, so the pairs turn faster and faster "
+        "instead of slower and slower",
+        "theta_i = base ** (-2i/d) = 1 / base ** (2i/d): pair 0 turns by one radian per position, the last pair by "
+        "about 1/base.",
+        EQ_ROPE_FREQ),
+    "rope_base_ignored": KnownBug(
+        "the `base` argument is ignored: the frequencies always use base 10000",
+        "theta_i = base ** (-2i/d) with the base passed in (Llama 3 uses 500000: a larger base is how several models "
+        "stretch their context).",
+        EQ_ROPE_FREQ),
+    "rope_no_position_offset": KnownBug(
+        "the new positions are rotated as positions 0 .. T-1 instead of c .. c+T-1: the c cached positions are "
+        "forgotten, so every decoding step rotates its query and key as if they were at the start of the sequence",
+        "positions = c + np.arange(T) with c = k_cache.shape[2]: a token's position is its index in the whole "
+        "sequence, cache included.",
+        EQ_ROPE_CACHE),
+    "rope_after_caching": KnownBug(
+        "RoPE is applied after caching: the new keys go into the cache unrotated, so the returned cache holds raw "
+        "keys (and where the whole cache [K_cache; k_new] is then rotated at positions 0 .. c+T-1 for the attention, "
+        "the given cache, whose keys are already rotated, turns a second time)",
+        "rotate k_new once, at its own positions, before appending it: the cache stores rotated keys R_n k_n, each "
+        "turned at the position it was computed at and never again (Eq. rope-cache).",
+        EQ_ROPE_CACHE),
+    "rope_on_values": KnownBug(
+        "the values are rotated too (RoPE applied to q, k and v): the output and the value cache come out rotated",
+        "rotate q and k only. The position enters through the scores, <R_m q, R_n k> = <q, R_(n-m) k> "
+        "(Eq. rope-relative); the values the weights average carry no position.",
+        EQ_ROPE_RELATIVE),
+    "rope_query_not_rotated": KnownBug(
+        "the keys are rotated but the queries are not, so a score sees the key's absolute position instead of the "
+        "distance n - m",
+        "rotate the new queries at their positions c + i as well: the relative form <R_m q, R_n k> = <q, R_(n-m) k> "
+        "needs both rotations.",
+        EQ_ROPE_RELATIVE),
+    "rope_key_not_rotated": KnownBug(
+        "the queries are rotated but the new keys are not (they are attended and cached unrotated), so a score sees "
+        "the query's absolute position instead of the distance n - m",
+        "rotate k_new at its positions c + i before you attend and before you append it to the cache.",
+        EQ_ROPE_RELATIVE),
+    # --- part IV: sliding windows and attention sinks ----------------------------------------------------------------
+    "window_one_key_too_many": KnownBug(
+        "the window is off by one: each query sees window + 1 keys (j >= p - window, or p - j <= window), the "
+        "convention that counts only the past keys (FlashAttention's window_size=(left, 0) is window = left + 1 here)",
+        "query i sits at position p = l_kv - l_q + i and sees the keys p - window < j <= p: `window` keys, itself "
+        "included (gpt-oss, Hugging Face). In NumPy: np.tril(ones, k=l_kv - l_q) & ~np.tril(ones, k=l_kv - l_q - "
+        "window).",
+        EQ_WINDOW_MASK),
+    "window_one_key_too_few": KnownBug(
+        "the window is off by one: each query sees only window - 1 keys (j > p - window + 1), itself and window - 2 "
+        "earlier ones",
+        "p - window < j <= p: `window` keys, the query's own included; window = 1 is attention to oneself.",
+        EQ_WINDOW_MASK),
+    "window_top_left": KnownBug(
+        "the window is aligned top-left: query i is taken to sit at position i instead of l_kv - l_q + i, so after "
+        "a KV cache the new queries look at the oldest keys",
+        "the l_q queries are the last l_q of the l_kv positions: p = l_kv - l_q + i, as in the causal mask "
+        "(Eq. kv-chunk-mask).",
+        EQ_WINDOW_MASK),
+    "window_not_causal": KnownBug(
+        "only the window's lower bound is applied (j > p - window): the queries also see every future key",
+        "the sliding window restricts the causal mask: both j <= p and j > p - window.",
+        EQ_WINDOW_MASK),
+    "window_symmetric": KnownBug(
+        "the window is symmetric around the query, |p - j| < window (Longformer's local attention): the queries "
+        "also see the next window - 1 keys",
+        "a causal sliding window looks back only: p - window < j <= p.",
+        EQ_WINDOW_MASK),
+    "window_ignored": KnownBug(
+        "the window is not applied: the mask is the plain causal mask, every query sees every earlier key",
+        "add the lower bound j > p - window to the causal condition j <= p.",
+        EQ_WINDOW_MASK),
+    "sink_ignored": KnownBug(
+        "the sink logit changes nothing: every row of the weights sums to 1, as without a sink (the sink is "
+        "ignored, or added to every score of its row, which the softmax cancels, or its column is dropped and the "
+        "rows renormalised)",
+        "append the sink as one more column of the scores, take the softmax over the L_kv + 1 entries, then drop "
+        "that column without renormalising: each row sums to 1 - p_sink (Eq. sink-softmax).",
+        EQ_SINK_SOFTMAX),
+    "sink_column_kept": KnownBug(
+        "the sink is left in the output: the weights come back with the sink's column, L_kv + 1 columns instead of "
+        "L_kv",
+        "drop the sink's column after the softmax (probs[..., :-1] if you appended it last, probs[..., 1:] if "
+        "first) and use the remaining L_kv columns for out = weights @ v.",
+        EQ_SINK_SOFTMAX),
+    "sink_scaled": KnownBug(
+        "the sink logit is multiplied by the scale 1/sqrt(d_k) like the scores, but it is a logit of its own, not a "
+        "dot product",
+        "scale q k^T only, then append the sink logit as it is.",
+        EQ_SINK_SOFTMAX),
+    "sink_not_shifted": KnownBug(
+        "the scores' exponentials are shifted by the row maximum but the sink's is not: the sum adds exp(sink) to "
+        "sum_j exp(S_j - m), two terms on different scales",
+        "shift every term of the row by the same number, the maximum over the scores and the sink: "
+        "m = max(max_j S_j, sink), Z = sum_j exp(S_j - m) + exp(sink - m).",
+        EQ_SINK_SOFTMAX),
+    "sink_per_query": KnownBug(
+        "the sink logits are indexed by the query instead of the head: broadcast along the wrong axis "
+        "(sinks[:, None] against (..., L_q, L_kv) scores), query i gets sinks[i] (silently, when L_q equals the "
+        "number of heads)",
+        "one logit per head: sinks[:, None, None] against (N, h, L_q, L_kv) scores, a column of shape "
+        "(N, h, L_q, 1) whose entries in head j all equal sinks[j].",
+        EQ_SINK_SOFTMAX),
+    # --- part IV: RMSNorm (QK-norm) -------------------------------------------------------------------------------
+    "rmsnorm_subtracts_mean": KnownBug(
+        "the mean is subtracted, (x - mean) / sqrt(var + eps) * w: that is LayerNorm (without its bias), not RMSNorm",
+        "RMSNorm does not centre: y = x / sqrt(mean(x**2, axis=-1, keepdims=True) + eps) * weight.",
+        EQ_RMSNORM),
+    "rmsnorm_variance": KnownBug(
+        "x is divided by sqrt(var(x) + eps), the standard deviation, instead of the root mean square "
+        "sqrt(mean(x^2) + eps): the two differ whenever the mean of x is not 0",
+        "mean(x**2), not x.var(): RMSNorm's statistic is taken around 0, not around the mean.",
+        EQ_RMSNORM),
+    "rmsnorm_sum_not_mean": KnownBug(
+        "the squares are summed, not averaged: x / sqrt(sum(x^2) + eps) normalises to length 1, which is sqrt(d) "
+        "times smaller than RMS 1",
+        "np.mean(x**2, axis=-1, keepdims=True): the root *mean* square, so y has RMS 1 before the gain.",
+        EQ_RMSNORM),
+    "rmsnorm_eps_outside_sqrt": KnownBug(
+        "eps is added after the square root, x / (sqrt(mean(x^2)) + eps), instead of under it",
+        "x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + eps): the difference shows when the RMS of x is near "
+        "sqrt(eps), as for small activations.",
+        EQ_RMSNORM),
+    "rmsnorm_eps_ignored": KnownBug(
+        "the `eps` argument is ignored (a fixed eps, or none at all)",
+        "use the eps passed in, under the square root; with none, a zero vector gives 0 / 0.",
+        EQ_RMSNORM),
+    "rmsnorm_one_plus_weight": KnownBug(
+        "the gain is (1 + weight), Gemma's convention (its checkpoints store weight - 1), instead of weight",
+        "y = x_hat * weight. Gemma's RMSNorm multiplies by (1 + weight) because its weights start at 0; a weight "
+        "stored that way must be converted, not used as it is.",
+        EQ_RMSNORM),
+    "rmsnorm_no_weight": KnownBug(
+        "the learned gain `weight` is never applied",
+        "finish with * weight: one gain per coordinate, shared by every head.",
+        EQ_RMSNORM),
+    "rmsnorm_wrong_axis": KnownBug(
+        "the mean of the squares is taken over another axis than the last (or over several axes, or the whole "
+        "array): the vectors are not normalised one by one",
+        "axis=-1, keepdims=True: QK-norm normalises each head's vector of head_dim coordinates on its own (OLMo 2's "
+        "norm over all heads is applied before the split into heads, with a weight of size n_heads * head_dim).",
+        EQ_RMSNORM),
+    "rmsnorm_no_keepdims": KnownBug(
+        "the mean is taken without keepdims=True, so broadcasting divides entry j by the RMS of another vector "
+        "(silently, when the last two axes have the same length)",
+        "np.mean(x**2, axis=-1, keepdims=True) keeps the reduced axis in place for broadcasting.",
+        EQ_RMSNORM),
 }
 
 # Hints for exceptions, keyed on a fragment of the exception's message (behaviour, not source code): a hint's
