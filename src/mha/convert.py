@@ -16,8 +16,8 @@ packed ``in_proj_weight`` is [W_q^T; W_k^T; W_v^T]).
 layers (Llama, Mistral, Qwen3, Gemma 2, Gemma 3, gpt-oss; sliding and full layers), so that the same inputs give the
 same outputs (tests/test_from_hf.py checks it against tiny random models, prefill and ring-buffer decoding).
 
-Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-by-side timings); "Attention in
-today's models" (``from_hf``).
+Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-by-side timings); part IV,
+'Rotary position embeddings (RoPE)' (``from_hf`` and the RoPE it accepts).
 """
 
 from __future__ import annotations
@@ -202,7 +202,9 @@ def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
       ``query_pre_attn_scalar ** -0.5``), ``attention_dropout``;
     * RoPE: ``rope_parameters["rope_theta"]`` (Gemma 3: the entry of the layer's type), rotate-half pairing
       (``rope_style="half"``, gpt-oss's ``_apply_rotary_emb`` included); only ``rope_type="default"`` and a full
-      rotary dimension (YaRN, linear scaling, partial rotary factors are refused: ValueError);
+      rotary dimension (YaRN, linear scaling, the "llama3" rule, partial rotary factors are refused: ValueError).
+      So the released Llama 3.1 ("llama3"), Gemma 3's global layers ("linear") and gpt-oss ("yarn") are refused;
+      ``MultiHeadAttention`` has a ``rope_base`` and no frequency scaling;
     * the sliding window: ``config.sliding_window`` on sliding layers (Mistral: every layer when it is set). Hugging
       Face's mask lets query i see key j iff i - sliding_window < j <= i (``sliding_window_overlay``), so the window
       counts the query itself, as ours: ``window = sliding_window`` for every family here (checked by

@@ -82,9 +82,11 @@ def flops(batch, l_q, l_kv, d_model, n_heads, n_kv_heads=None, head_dim=None, *,
       shared by every head, layer and sequence of a batch.
 
     Not counted: bias adds (N L width per projection; FlopCounterMode ignores them too), masking (a select, no
-    arithmetic), the K/V repeat for GQA and reshapes/transposes (data movement).
+    arithmetic), the K/V repeat for GQA and reshapes/transposes (data movement). A causal mask does not lower the
+    count: every query is charged all L_kv scores of its row, the masked ones included, as the materialised layer
+    computes them (the sum of ``decode_step_flops`` over the steps of a sequence counts only the unmasked ones).
 
-    Book: part II, 'Counting everything'; RoPE: part I, 'Attention in today's models'.
+    Book: part II, 'Counting everything'; RoPE: part IV, 'Rotary position embeddings (RoPE)'.
     """
     N = check_int("batch", batch)
     L_q, L_kv = check_int("l_q", l_q), check_int("l_kv", l_kv)
@@ -168,7 +170,8 @@ def decode_step_flops(batch, cache_len, d_model, n_heads, n_kv_heads=None, head_
     So this is ``flops(batch, 1, cache_len + 1, ...)`` with the key/value projections of one position instead of
     ``cache_len + 1``; recomputing the whole prefix instead costs ``flops(batch, L, L, ...)``.
 
-    Book: part II, 'Autoregressive decoding and the KV cache'.
+    Book: part II, 'Autoregressive decoding and the KV cache'; with ``rope=True``: part IV, 'Rotary position
+    embeddings (RoPE)'.
     """
     N = check_int("batch", batch)
     L_kv = check_int("cache_len", cache_len, minimum=0) + 1
@@ -191,7 +194,8 @@ def kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes, 
     cache.) A model whose layers mix windowed and full attention (gpt-oss and Gemma 2 alternate them, Gemma 3 has
     five windowed layers per full one) adds the two counts, one call per kind of layer.
 
-    Book: part II, 'Autoregressive decoding and the KV cache'; part I, 'Attention in today's models'.
+    Book: part II, 'Autoregressive decoding and the KV cache'; windows: part IV, 'Sliding windows and attention
+    sinks' and 'Attention in today's open models'.
     """
     names = ("batch", "seq_len", "n_layers", "n_kv_heads", "head_dim", "dtype_bytes")
     values = (batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes)

@@ -1,7 +1,8 @@
 """Rotary position embeddings (RoPE), per-head RMSNorm (QK-norm) and the sliding-window mask, for tensors.
 
-Book: "Attention in today's models" (RoPE, QK-norm, sliding windows, attention sinks). The helpers of
-``mha.MultiHeadAttention``'s new options, kept apart so that ``attention.py`` stays readable.
+Book: part IV, 'Rotary position embeddings (RoPE)', 'QK-norm and logit soft-capping' and 'Sliding windows and
+attention sinks'. The helpers of ``mha.MultiHeadAttention``'s options for today's models, kept apart so that
+``attention.py`` stays readable.
 
 RoPE (Su et al. 2021). For a head of size d (even), frequencies theta_i = base ** (-2 i / d), i < d / 2; the
 vector at absolute position p has its pairs rotated by the angles p * theta_i:
@@ -58,7 +59,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight (one weight of size d for every head).
 
-    float16/bfloat16 inputs are normalised in float32 and rounded back (as Hugging Face's RMSNorms do).
+    float16/bfloat16 inputs are normalised *and* multiplied by the gain in float32, then rounded back once: the order
+    of Hugging Face's Gemma RMSNorms (``(x_hat * (1 + w')).type_as(x)``, all in float32). Its Llama and Qwen3 RMSNorms
+    also normalise in float32 but round ``x_hat`` to the input's dtype first and multiply by the gain after, in that
+    dtype (``w * x_hat.to(dtype)``), so in half precision they can differ from this by a rounding of the result.
     """
     dtype = x.dtype
     if dtype in (torch.float16, torch.bfloat16):

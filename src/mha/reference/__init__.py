@@ -22,14 +22,14 @@ Its modules follow the book (import the functions from ``mha.reference`` itself)
 * ``checks``: the input checks every function runs first, and ``check_params`` / ``Dims``;
 * ``masks``: ``causal_mask``, ``sliding_window_mask``, and how ``is_causal`` and ``window`` join a mask;
 * ``scaled_dot_product``: ``softmax``, ``scaled_dot_product_attention`` (part I, 'Scaled dot-product attention'),
-  with soft-capping and sinks (part I, 'Attention in today's models');
+  with soft-capping and sinks (part IV, 'Attention in today's models');
 * ``multi_head``: ``split_heads``, ``merge_heads``, ``repeat_kv``, ``multi_head_attention`` and its per-head loop
   form, ``head_weights``, ``init_params`` (part I, 'From one head to h heads'; part II, 'MQA and GQA');
 * ``backward``: ``softmax_backward``, ``scaled_dot_product_attention_grad``, ``multi_head_attention_grad``
   (part II, 'The backward pass');
 * ``online_softmax``: ``online_softmax_attention`` (part II, 'Exact attention without the L × L matrix (online
   softmax)');
-* ``rope``: ``rope_frequencies``, ``rope``, ``rope_backward`` (part I, 'Attention in today's models');
+* ``rope``: ``rope_frequencies``, ``rope``, ``rope_backward`` (part IV, 'Attention in today's models');
 * ``norms``: ``rms_norm``, ``rms_norm_backward``, the normalisation of QK-norm (same section).
 
 The layer's keywords of today's models (``positions``, ``rope_base``, ``rope_style``, ``window``, ``softcap``,

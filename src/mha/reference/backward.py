@@ -2,7 +2,7 @@
 and the parts of today's models (soft-capping, sinks, QK-norm, RoPE; their own backward passes are in ``norms``
 and ``rope``).
 
-Book: part II, 'The backward pass' (and 'MQA and GQA' for the gradients of shared key/value heads); part I,
+Book: part II, 'The backward pass' (and 'MQA and GQA' for the gradients of shared key/value heads); part IV,
 'Attention in today's models'.
 """
 
@@ -92,7 +92,7 @@ def scaled_dot_product_attention_grad(q, k, v, grad_out, mask=None, scale=None, 
     Without a cap ``dR = dS``; without sinks ``p = 0`` and the rows sum to 1: the formulas above. A row with no
     allowed key has ``A = 0``, ``O = 0``, so it contributes nothing, to d_sinks either.
 
-    Book: part II, 'The backward pass'; part I, 'Attention in today's models'.
+    Book: part II, 'The backward pass'; part IV, 'Attention in today's models'.
     """
     q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
     mask, sinks, softcap = _check_core_extras(batch, q.shape[-2], k.shape[-2], mask, sinks, window, softcap)
@@ -146,7 +146,7 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
     ``'sinks'``, one per query head, summed over the batch and the positions); then, per head and before the GQA
     sum is used, back through RoPE (the rotation by the opposite angles, applied to dQ and to the summed dK) and
     QK-norm (``rms_norm_backward``: the entries ``'q_norm'``, ``'k_norm'``, summed over batch, heads and positions),
-    and on to the projections as above. Book: part I, 'Attention in today's models'.
+    and on to the projections as above. Book: part IV, 'Attention in today's models'.
     """
     self_attention = x_kv is None
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)

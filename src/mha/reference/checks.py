@@ -5,7 +5,7 @@ and the shapes, and every function of the package runs all of its checks before 
 The private helpers: ``_check_attention_args`` (the attention functions, on q, k, v), ``_check_mha_inputs`` (the
 multi-head functions, on x_q, x_kv, params), ``_check_softmax_output`` (``softmax_backward``), ``_heads_array`` (the
 head helpers), ``_check_seed`` (``init_params``) and the small checks they are built from; for the parts of today's
-models (part I, 'Attention in today's models'), ``_check_core_extras`` (sinks, window and softcap of the attention
+models (part IV, 'Attention in today's models'), ``_check_core_extras`` (sinks, window and softcap of the attention
 core), ``_check_positions`` and ``_check_rope_args`` (RoPE) and ``_check_layer_extras`` (the layer's new keywords).
 """
 
@@ -260,7 +260,7 @@ def _check_seed(seed):
     return int(seed)
 
 
-# --- today's models: sinks, windows, soft-capping, RoPE, QK-norm (part I, 'Attention in today's models') ---------
+# --- today's models: sinks, windows, soft-capping, RoPE, QK-norm (part IV, 'Attention in today's models') ---------
 
 
 def _check_core_extras(batch, l_q, l_kv, mask, sinks=None, window=None, softcap=None):

@@ -1,7 +1,7 @@
 """Masks: boolean arrays, True = may attend, broadcastable to the weights' shape ``(..., L_q, L_kv)``; the causal
 mask, the sliding-window mask, and how ``is_causal=True`` and ``window`` combine with a given mask (logical and).
 
-Book: part I, 'Scaled dot-product attention' (masks) and 'Attention in today's models' (sliding windows); part II,
+Book: part I, 'Scaled dot-product attention' (masks); part IV, 'Attention in today's models' (sliding windows); part II,
 'Autoregressive decoding and the KV cache'.
 """
 
@@ -67,7 +67,7 @@ def sliding_window_mask(l_q, l_kv, window):
     ``window = left + 1`` (``w + 1``) here. A symmetric window (Longformer: ``|p - j| <= w``) is not causal and not
     this mask.
 
-    Book: part I, 'Attention in today's models' (sliding windows).
+    Book: part IV, 'Attention in today's models' (sliding windows).
     """
     l_q, l_kv = check_int("l_q", l_q), check_int("l_kv", l_kv)
     window = check_int("window", window)

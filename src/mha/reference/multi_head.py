@@ -2,7 +2,7 @@
 (MHA, GQA, MQA; with the parts of today's models: QK-norm, RoPE, sliding windows, soft-capping, sinks), its
 per-head loop form, the per-head matrices hidden in the fused ones, and random parameters.
 
-Book: part I, 'From one head to h heads' and 'Attention in today's models'; part II, 'MQA and GQA'.
+Book: part I, 'From one head to h heads'; part IV, 'Attention in today's models'; part II, 'MQA and GQA'.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False,
       sinks, when ``params`` has ``sinks`` (shape ``(h,)``, one logit per query head), are those of
       :func:`scaled_dot_product_attention`. The returned weights exclude the sink column.
 
-    Book: part I, 'From one head to h heads' and 'Attention in today's models'; GQA/MQA: part II, 'MQA and GQA'.
+    Book: part I, 'From one head to h heads'; part IV, 'Attention in today's models'; GQA/MQA: part II, 'MQA and GQA'.
     """
     self_attention = x_kv is None
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)

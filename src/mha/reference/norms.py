@@ -2,7 +2,7 @@
 query and key vectors to a fixed root-mean-square before RoPE and the scores, so that ``q . k`` cannot grow without
 bound. (OLMo 2 normalises the whole projection, all heads together, before the split: another layer.)
 
-Book: part I, 'Attention in today's models' (QK-norm).
+Book: part IV, 'QK-norm and logit soft-capping'.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def rms_norm(x, weight, eps=1e-6):
     adds no bias: each vector is divided by its root-mean-square, so ``y`` has RMS 1 before the gain.
     TypeError/ValueError before any computation for non-finite or mismatched inputs or a bad ``eps``.
 
-    Book: part I, 'Attention in today's models' (QK-norm).
+    Book: part IV, 'QK-norm and logit soft-capping'.
     """
     x, weight, eps = _check_rms_norm_args(x, weight, eps)
     return _rms_norm(x, weight, eps)
@@ -66,7 +66,7 @@ def rms_norm_backward(x, weight, grad, eps=1e-6):
     (``dx`` is ``r u`` minus its component along ``x``, scaled: moving x along itself barely changes ``x_hat``,
     and not at all as ``eps -> 0``.) Checks as in :func:`rms_norm`, and ``grad`` must have x's shape.
 
-    Book: part I, 'Attention in today's models' (QK-norm).
+    Book: part IV, 'QK-norm and logit soft-capping'.
     """
     x, weight, eps = _check_rms_norm_args(x, weight, eps)
     grad = _as_float_array("grad", grad)

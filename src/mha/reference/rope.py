@@ -22,7 +22,7 @@ position m and a key at position n, pair by pair ``<R(m theta) q, R(n theta) k> 
 score sees ``n - m`` only. Positions are absolute token indices (integers >= 0); with a KV cache the new queries sit
 at ``cached + i``.
 
-Book: part I, 'Attention in today's models' (RoPE).
+Book: part IV, 'Rotary position embeddings (RoPE)'.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def rope_frequencies(d, base=10000.0):
     """``theta_i = base^(-2i/d)`` for ``i = 0 .. d/2 - 1``: the ``(d/2,)`` angular frequencies (radians per position)
     of RoPE on vectors of size ``d`` (an even integer >= 2). ``base`` is a finite real number > 0.
 
-    Book: part I, 'Attention in today's models' (RoPE).
+    Book: part IV, 'Rotary position embeddings (RoPE)'.
     """
     d = check_int("d", d)
     if d % 2:
@@ -85,15 +85,19 @@ def rope(x, positions, base=10000.0, style="half"):
         (a, b) -> (a cos(m theta_i) - b sin(m theta_i),  a sin(m theta_i) + b cos(m theta_i))
 
     with the pairs ``(x[i], x[i + d/2])`` for ``style="half"`` (Hugging Face's Llama, Qwen, Gemma, Mistral) and
-    ``(x[2i], x[2i+1])`` for ``style="interleaved"`` (Meta's original Llama, GPT-J, DeepSeek's rotary part). Returns
-    a new float64 array of x's shape. Applied to q and k (never v), after any QK-norm; then a query at position m and
-    a key at position n meet with ``q R((n - m) theta) k``, a function of n - m only (see the module docstring).
+    ``(x[2i], x[2i+1])`` for ``style="interleaved"`` (Meta's original Llama, GPT-J, DeepSeek's rotary part). So for a
+    row vector x, ``rope(x, [m], style="interleaved")`` is ``x R_m^T`` with R_m the block-diagonal matrix of 2 x 2
+    rotations on adjacent coordinates, while the default ``style="half"`` gives ``x (S^T R_m S)^T``, S the
+    permutation matrix that lists the coordinates as (0, 2, 4, ..., 1, 3, 5, ...): the same rotation, the coordinates
+    in another order. Returns a new float64 array of x's shape. Applied to q and k (never v), after any QK-norm;
+    then a query at position m and a key at position n meet with ``q R((n - m) theta) k``, a function of n - m only
+    (see the module docstring).
 
     TypeError/ValueError before any computation: x not a real finite array of >= 2 axes or with an odd last axis,
     positions not integers, negative, of the wrong length or not broadcastable, base not a finite number > 0, style
     not one of "half", "interleaved".
 
-    Book: part I, 'Attention in today's models' (RoPE).
+    Book: part IV, 'Rotary position embeddings (RoPE)'.
     """
     x, positions, base, style = _check_rope_call("x", x, positions, base, style)
     return _rotate(x, positions, base, style)
@@ -107,7 +111,7 @@ def rope_backward(grad, positions, base=10000.0, style="half"):
     rotation by ``-phi``: the backward pass is RoPE with every angle negated (cos unchanged, sin flipped). It needs
     no saved activation, only the positions. ``rope_backward(rope(x, p), p) == x`` up to rounding.
 
-    Book: part I, 'Attention in today's models' (RoPE).
+    Book: part IV, 'Rotary position embeddings (RoPE)'.
     """
     grad, positions, base, style = _check_rope_call("grad", grad, positions, base, style)
     return _rotate(grad, positions, base, style, inverse=True)

@@ -4,7 +4,7 @@ The private ``_scores``, ``_masked_softmax`` and ``_attention`` compute on check
 backward pass reuses ``_attention`` and the online softmax ``_scores``. ``_capped_scores``, ``_sink_softmax`` and
 ``_attention_general`` add two parts of today's models: logit soft-capping and attention sinks.
 
-Book: part I, 'Scaled dot-product attention', 'Why divide by sqrt(d_k)' and 'Attention in today's models'.
+Book: part I, 'Scaled dot-product attention', 'Why divide by sqrt(d_k)'; part IV, 'Attention in today's models'.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, is_causal=False
       all its weight on the sink and gives a zero output row. The returned weights exclude the sink column.
 
     Book: part I, 'Scaled dot-product attention'; the scale: part I, 'Why divide by sqrt(d_k)'; the keywords: part
-    I, 'Attention in today's models'.
+    IV, 'Attention in today's models'.
     """
     q, k, v, batch, mask, scale = _check_attention_args(q, k, v, mask, scale, is_causal)
     mask, sinks, softcap = _check_core_extras(batch, q.shape[-2], k.shape[-2], mask, sinks, window, softcap)
