@@ -24,7 +24,7 @@ LOCK := requirements/lock-py311.txt
 UV_VERSION := 0.13.9
 LOCK_ARGS ?=
 
-.PHONY: install book book-all test test-fast bench smoke lock clean help
+.PHONY: install book book-all test test-fast bench smoke gpu-run lock clean help
 
 help:
 	@echo "make book      build the HTML book into _build/html (creates .venv and installs everything first)"
@@ -32,7 +32,7 @@ help:
 	@echo "make test-fast unit tests only"
 	@echo "make smoke     run the smoke sweep (experiments/smoke.yaml)"
 	@echo "make bench     run the benchmarks and write experiments/benchmarks/<device>.json"
-	@echo "make gpu-check on a CUDA machine: CUDA tests, benchmark, smoke sweep, report (python -m mha.experiments.gpu_check)"
+	@echo "make gpu-run   on a CUDA machine: CUDA tests, benchmark, kernels, the GPU program's next pieces, in BUDGET s"
 	@echo "make book-all  rebuild every page (after a _config.yml change)"
 	@echo "make translations  update the Chinese catalogs after editing English prose (then translate, make book)"
 	@echo "make lock      regenerate $(LOCK) (pinned versions) from pyproject.toml's ranges with uv"
@@ -89,10 +89,14 @@ smoke: install
 bench: install
 	$(BIN)/python -m mha.bench
 
-# On a GPU machine whose environment already has a CUDA torch, without make: install the package (test extra) and run
-# python -m mha.experiments.gpu_check (the same thing).
-gpu-check: install
-	$(BIN)/python -m mha.experiments.gpu_check
+# On a GPU machine, in the locked environment: the CUDA tests, the benchmark, the kernels, then the GPU program's next
+# pieces (experiments/gpu/queue.yaml), every step time-boxed to BUDGET seconds in all; at most 8 files in OUT. On a
+# stock GPU image no install is needed: PYTHONPATH=src python3 -m mha.experiments.gpu_run --budget 480 --out OUT
+# (README, "On a GPU machine").
+BUDGET ?= 480
+OUT ?= _build/gpu-run
+gpu-run: install
+	$(BIN)/python -m mha.experiments.gpu_run --budget $(BUDGET) --out $(OUT)
 
 # uv (pinned) in its own small venv. It keeps the lock's current pins where they still fit the ranges.
 UV_COMPILE = uv pip compile pyproject.toml --extra dev --python-version 3.11.7 --python-platform x86_64-manylinux_2_28 \

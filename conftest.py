@@ -21,11 +21,22 @@ import types
 import warnings
 from pathlib import Path
 
-import jupytext
 import pytest
-from jupyter_client.manager import KernelManager
-from nbval import kernel as nbval_kernel
-from nbval import plugin
+
+# nbval, jupytext and jupyter_client come with the test extra, but the unit tests do not need them: on an environment
+# without them (a stock GPU image: python -m mha.experiments.gpu_run runs the CUDA tests there) this file only sets
+# up Triton's interpreter below, and the notebooks are not collected (--nbval does not exist without nbval).
+try:
+    import jupytext
+    from jupyter_client.manager import KernelManager
+    from nbval import kernel as nbval_kernel
+    from nbval import plugin
+except ImportError as _error:
+    HAS_NBVAL = False
+    NBVAL_MISSING = f"nbval, jupytext or jupyter_client is not installed ({_error})"
+else:
+    HAS_NBVAL = True
+    NBVAL_MISSING = None
 
 
 def _is_text_notebook(path) -> bool:
@@ -45,181 +56,182 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
-# nbval starts one Jupyter kernel per notebook. With jupyter_client's default TCP transport a kernel manager picks free
-# ports by asking the OS and letting them go, so kernels started at the same moment in two xdist workers (or beside the
-# book build's kernels) can pick the same port and one fails to start ("Address already in use"). nbval's kernels talk
-# over Unix sockets in a private folder each instead, which cannot collide (the sweeps do the same,
-# mha.experiments.sweep._private_kernel_sockets).
-class _PrivateSocketKernelManager(KernelManager):
-    def __init__(self, **kwargs):
-        folder = tempfile.mkdtemp(prefix="mha-nbval-kernel-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        kwargs.setdefault("transport", "ipc")
-        kwargs.setdefault("ip", os.path.join(folder, "kernel"))
-        super().__init__(**kwargs)
-
-
-nbval_kernel.KernelManager = _PrivateSocketKernelManager
-
 # Executed notebooks that sweeps leave under experiments/<chapter>/<sweep>/runs/ are outputs, not notebooks to test.
 collect_ignore_glob = ["experiments/*/*/runs/*"]
 
-
-class MystNotebook(plugin.IPyNbFile):
-    """An nbval notebook read from MyST Markdown by jupytext; a book page's passing run fills the build's cache."""
-
-    def collect(self):
-        real = plugin.nbformat
-        # nbval's collect() reads the file with nbformat.read; hand it jupytext's reader instead.
-        plugin.nbformat = types.SimpleNamespace(read=lambda path, as_version: jupytext.read(path))
-        self.cell_results = {}  # cell number -> (passed, seconds, outputs), from pytest_runtest_makereport
-        self.unhandled = set()  # iopub message types nbval drops (clear_output, update_display_data, ...)
-        try:
-            yield from super().collect()
-        finally:
-            plugin.nbformat = real
-
-    def get_kernel_message(self, timeout=None, stream="iopub"):
-        msg = super().get_kernel_message(timeout=timeout, stream=stream)
-        if stream == "iopub" and msg["msg_type"] not in _NBVAL_KEEPS:
-            self.unhandled.add(msg["msg_type"])
-        return msg
-
-    def teardown(self):
-        try:
-            _BookCache.record(self)
-        finally:
-            super().teardown()
+if HAS_NBVAL:  # everything below needs nbval (and jupytext, jupyter_client); see the imports
+    # nbval starts one Jupyter kernel per notebook. With jupyter_client's default TCP transport a kernel manager picks
+    # free ports by asking the OS and letting them go, so kernels started at the same moment in two xdist workers (or
+    # beside the book build's kernels) can pick the same port and one fails to start ("Address already in use").
+    # nbval's kernels talk over Unix sockets in a private folder each instead, which cannot collide (the sweeps do the
+    # same, mha.experiments.sweep._private_kernel_sockets).
+    class _PrivateSocketKernelManager(KernelManager):
+        def __init__(self, **kwargs):
+            folder = tempfile.mkdtemp(prefix="mha-nbval-kernel-")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(folder, "kernel"))
+            super().__init__(**kwargs)
 
 
-# The iopub messages whose content nbval keeps as a cell's outputs, or which carry none. Any other (clear_output,
-# update_display_data) would change what a notebook client shows, so such a page is not cached.
-_NBVAL_KEEPS = {"status", "execute_input", "execute_reply", "display_data", "execute_result", "stream", "error",
-                "comm_open", "comm_msg", "comm_close"}
+    nbval_kernel.KernelManager = _PrivateSocketKernelManager
 
 
-class _BookCache:
-    """nbval's run of a book page, written where the book build looks for it: the jupyter-cache in
-    ``_build/.jupyter_cache``, under the key the build computes (the code cells and the kernelspec of the page as
-    myst-nb reads it), with nbval's outputs in place of each code cell's. A page is written only when nbval ran every
-    one of its code cells, each passed within the book's cell time limit (``execute.timeout``), nbval kept every
-    output message, and myst-nb reads the same code cells from the page as jupytext did; otherwise the build executes
-    the page itself, as it did before. A failed page's record is removed, so an old record cannot stand in for it.
-    Each record carries ``MHA_NBVAL_RUN``: the book test of the same run keeps only that run's records."""
+    class MystNotebook(plugin.IPyNbFile):
+        """An nbval notebook read from MyST Markdown by jupytext; a book page's passing run fills the build's cache."""
 
-    ROOT = Path(__file__).resolve().parent
-    CACHE = ROOT / "_build" / ".jupyter_cache"
+        def collect(self):
+            real = plugin.nbformat
+            # nbval's collect() reads the file with nbformat.read; hand it jupytext's reader instead.
+            plugin.nbformat = types.SimpleNamespace(read=lambda path, as_version: jupytext.read(path))
+            self.cell_results = {}  # cell number -> (passed, seconds, outputs), from pytest_runtest_makereport
+            self.unhandled = set()  # iopub message types nbval drops (clear_output, update_display_data, ...)
+            try:
+                yield from super().collect()
+            finally:
+                plugin.nbformat = real
 
-    @classmethod
-    def record(cls, notebook: MystNotebook) -> None:
-        path = Path(str(notebook.fspath)).resolve()
-        if (not os.environ.get("MHA_NBVAL_RUN") or cls.ROOT / "book" not in path.parents
-                or not getattr(notebook, "cell_results", None)):
-            return
-        try:
-            page = cls._myst_nb_notebook(path)
-            code = [cell for cell in page.cells if cell.cell_type == "code"]
-            ran = [cell for cell in notebook.nb.cells if cell.cell_type == "code"]
-            results = notebook.cell_results
-            limit = cls._timeout(page)
-            passed = len(results) == len(ran) and all(ok for ok, _, _ in results.values())
-            problem = None
-            slow = {number: seconds for number, (_, seconds, _) in results.items() if seconds >= limit}
-            if slow:  # nbval has no such limit by default; the build has (raise_on_error: a build error)
-                passed, problem = False, f"cells over the book's time limit of {limit:g} s: {slow}"
-            elif [cell.source for cell in code] != [cell.source for cell in ran]:
-                problem = (f"myst-nb reads {len(code)} code cells from it, jupytext (nbval) {len(ran)}, or different "
-                           f"code")
-            elif notebook.unhandled:
-                problem = f"its kernel sent messages nbval does not keep: {sorted(notebook.unhandled)}"
-            language_info = None
-            if passed and not problem:
-                reply = notebook.kernel.kc.kernel_info(reply=True, timeout=30)
-                language_info = reply["content"]["language_info"]
-            with cls._locked() as cache:
+        def get_kernel_message(self, timeout=None, stream="iopub"):
+            msg = super().get_kernel_message(timeout=timeout, stream=stream)
+            if stream == "iopub" and msg["msg_type"] not in _NBVAL_KEEPS:
+                self.unhandled.add(msg["msg_type"])
+            return msg
+
+        def teardown(self):
+            try:
+                _BookCache.record(self)
+            finally:
+                super().teardown()
+
+
+    # The iopub messages whose content nbval keeps as a cell's outputs, or which carry none. Any other (clear_output,
+    # update_display_data) would change what a notebook client shows, so such a page is not cached.
+    _NBVAL_KEEPS = {"status", "execute_input", "execute_reply", "display_data", "execute_result", "stream", "error",
+                    "comm_open", "comm_msg", "comm_close"}
+
+
+    class _BookCache:
+        """nbval's run of a book page, written where the book build looks for it: the jupyter-cache in
+        ``_build/.jupyter_cache``, under the key the build computes (the code cells and the kernelspec of the page as
+        myst-nb reads it), with nbval's outputs in place of each code cell's. A page is written only when nbval ran every
+        one of its code cells, each passed within the book's cell time limit (``execute.timeout``), nbval kept every
+        output message, and myst-nb reads the same code cells from the page as jupytext did; otherwise the build executes
+        the page itself, as it did before. A failed page's record is removed, so an old record cannot stand in for it.
+        Each record carries ``MHA_NBVAL_RUN``: the book test of the same run keeps only that run's records."""
+
+        ROOT = Path(__file__).resolve().parent
+        CACHE = ROOT / "_build" / ".jupyter_cache"
+
+        @classmethod
+        def record(cls, notebook: MystNotebook) -> None:
+            path = Path(str(notebook.fspath)).resolve()
+            if (not os.environ.get("MHA_NBVAL_RUN") or cls.ROOT / "book" not in path.parents
+                    or not getattr(notebook, "cell_results", None)):
+                return
+            try:
+                page = cls._myst_nb_notebook(path)
+                code = [cell for cell in page.cells if cell.cell_type == "code"]
+                ran = [cell for cell in notebook.nb.cells if cell.cell_type == "code"]
+                results = notebook.cell_results
+                limit = cls._timeout(page)
+                passed = len(results) == len(ran) and all(ok for ok, _, _ in results.values())
+                problem = None
+                slow = {number: seconds for number, (_, seconds, _) in results.items() if seconds >= limit}
+                if slow:  # nbval has no such limit by default; the build has (raise_on_error: a build error)
+                    passed, problem = False, f"cells over the book's time limit of {limit:g} s: {slow}"
+                elif [cell.source for cell in code] != [cell.source for cell in ran]:
+                    problem = (f"myst-nb reads {len(code)} code cells from it, jupytext (nbval) {len(ran)}, or different "
+                               f"code")
+                elif notebook.unhandled:
+                    problem = f"its kernel sent messages nbval does not keep: {sorted(notebook.unhandled)}"
+                language_info = None
                 if passed and not problem:
-                    from jupyter_cache.base import CacheBundleIn
+                    reply = notebook.kernel.kc.kernel_info(reply=True, timeout=30)
+                    language_info = reply["content"]["language_info"]
+                with cls._locked() as cache:
+                    if passed and not problem:
+                        from jupyter_cache.base import CacheBundleIn
 
-                    page.metadata["language_info"] = language_info
-                    for number, cell in enumerate(code):
-                        cell.outputs = [_plain(output) for output in results[number][2]]
-                        cell.execution_count = number + 1
-                    cache.cache_notebook_bundle(
-                        CacheBundleIn(page, str(path), data={
-                            "execution_seconds": sum(seconds for _, seconds, _ in results.values()),
-                            "nbval_run": os.environ.get("MHA_NBVAL_RUN")}),
-                        check_validity=False, overwrite=True)
-                else:
-                    cls._forget(cache, page)
-        except Exception as exc:
-            problem = repr(exc)
-        if problem:  # the build will execute the page itself: slower, still right
-            warnings.warn(f"{path.name}: nbval's run is not handed to the book build ({problem}); the build will "
-                          f"execute the page again", stacklevel=1)
+                        page.metadata["language_info"] = language_info
+                        for number, cell in enumerate(code):
+                            cell.outputs = [_plain(output) for output in results[number][2]]
+                            cell.execution_count = number + 1
+                        cache.cache_notebook_bundle(
+                            CacheBundleIn(page, str(path), data={
+                                "execution_seconds": sum(seconds for _, seconds, _ in results.values()),
+                                "nbval_run": os.environ.get("MHA_NBVAL_RUN")}),
+                            check_validity=False, overwrite=True)
+                    else:
+                        cls._forget(cache, page)
+            except Exception as exc:
+                problem = repr(exc)
+            if problem:  # the build will execute the page itself: slower, still right
+                warnings.warn(f"{path.name}: nbval's run is not handed to the book build ({problem}); the build will "
+                              f"execute the page again", stacklevel=1)
 
-    @staticmethod
-    def _forget(cache, page) -> None:
-        try:
-            record = cache.match_cache_notebook(page)
-        except KeyError:
-            return
-        cache.remove_cache(record.pk)
+        @staticmethod
+        def _forget(cache, page) -> None:
+            try:
+                record = cache.match_cache_notebook(page)
+            except KeyError:
+                return
+            cache.remove_cache(record.pk)
 
-    @classmethod
-    def _myst_nb_notebook(cls, path: Path):
-        """The page as the book build reads it (myst-nb's reader, with the book's MyST extensions)."""
-        import yaml
-        from myst_nb.core.read import read_myst_markdown_notebook
-        from myst_parser.config.main import MdParserConfig
+        @classmethod
+        def _myst_nb_notebook(cls, path: Path):
+            """The page as the book build reads it (myst-nb's reader, with the book's MyST extensions)."""
+            import yaml
+            from myst_nb.core.read import read_myst_markdown_notebook
+            from myst_parser.config.main import MdParserConfig
 
-        parse = yaml.safe_load((cls.ROOT / "_config.yml").read_text()).get("parse", {})
-        config = MdParserConfig(enable_extensions=set(parse.get("myst_enable_extensions", [])))
-        return read_myst_markdown_notebook(path.read_text(encoding="utf-8"), config=config, add_source_map=True,
-                                           path=path)
+            parse = yaml.safe_load((cls.ROOT / "_config.yml").read_text()).get("parse", {})
+            config = MdParserConfig(enable_extensions=set(parse.get("myst_enable_extensions", [])))
+            return read_myst_markdown_notebook(path.read_text(encoding="utf-8"), config=config, add_source_map=True,
+                                               path=path)
 
-    @classmethod
-    def _timeout(cls, page) -> float:
-        import yaml
+        @classmethod
+        def _timeout(cls, page) -> float:
+            import yaml
 
-        execute = yaml.safe_load((cls.ROOT / "_config.yml").read_text()).get("execute", {})
-        limit = page.metadata.get("mystnb", {}).get("execution_timeout", execute.get("timeout", 30))
-        return float("inf") if limit in (None, -1) else float(limit)
+            execute = yaml.safe_load((cls.ROOT / "_config.yml").read_text()).get("execute", {})
+            limit = page.metadata.get("mystnb", {}).get("execution_timeout", execute.get("timeout", 30))
+            return float("inf") if limit in (None, -1) else float(limit)
 
-    @classmethod
-    def _locked(cls):
-        """The cache, with a lock held: two test workers may write it at once (and create its database)."""
-        import contextlib
+        @classmethod
+        def _locked(cls):
+            """The cache, with a lock held: two test workers may write it at once (and create its database)."""
+            import contextlib
 
-        from jupyter_cache import get_cache
+            from jupyter_cache import get_cache
 
-        @contextlib.contextmanager
-        def locked():
-            cls.CACHE.parent.mkdir(parents=True, exist_ok=True)
-            with open(cls.CACHE.parent / ".jupyter_cache.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                try:
-                    yield get_cache(str(cls.CACHE))
-                finally:
-                    fcntl.flock(lock, fcntl.LOCK_UN)
+            @contextlib.contextmanager
+            def locked():
+                cls.CACHE.parent.mkdir(parents=True, exist_ok=True)
+                with open(cls.CACHE.parent / ".jupyter_cache.lock", "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    try:
+                        yield get_cache(str(cls.CACHE))
+                    finally:
+                        fcntl.flock(lock, fcntl.LOCK_UN)
 
-        return locked()
+            return locked()
 
 
-def _plain(output):
-    """One of nbval's outputs as nbformat writes it (nbval leaves its execute_result without a count)."""
-    from nbformat import from_dict
+    def _plain(output):
+        """One of nbval's outputs as nbformat writes it (nbval leaves its execute_result without a count)."""
+        from nbformat import from_dict
 
-    output = from_dict(dict(output))
-    if output.output_type == "execute_result":
-        output.setdefault("execution_count", None)
-    return output
+        output = from_dict(dict(output))
+        if output.output_type == "execute_result":
+            output.setdefault("execution_count", None)
+        return output
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
     notebook = getattr(item, "parent", None)
-    if isinstance(notebook, MystNotebook) and isinstance(item, plugin.IPyNbCell):
+    if HAS_NBVAL and isinstance(notebook, MystNotebook) and isinstance(item, plugin.IPyNbCell):
         results = notebook.cell_results
         if report.when == "call":
             results[item.cell_num] = (report.passed, report.duration, list(item.test_outputs or []))
@@ -230,7 +242,7 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_collect_file(file_path, parent):
     opt = parent.config.option
-    if not (opt.nbval or opt.nbval_lax):
+    if not HAS_NBVAL or not (getattr(opt, "nbval", False) or getattr(opt, "nbval_lax", False)):
         return None
     if {"_build", ".venv", "node_modules"} & set(file_path.parts) or not _is_text_notebook(file_path):
         return None

@@ -76,9 +76,16 @@ def write_train_template(sweep_file, body: str = ""):
     few seconds per kernel), no training. It looks the run's configuration up among the sweep's runs (as
     ``load_sweep`` made them here, from the same settings), runs ``body`` (which may raise, sleep, or change
     ``config``), then reports what the real template reports: study "train" and the configuration, with val_loss =
-    seed / 2, a list (not a column), OMP_NUM_THREADS, its pid and its kernel's transport. Returns ``sweep_file``."""
+    seed / 2, a list (not a column), OMP_NUM_THREADS, its pid and its kernel's transport. Returns ``sweep_file``.
+    Where papermill, nbformat or ipykernel is missing (a stock GPU image), the calling test is skipped, saying so."""
     import json
     from pathlib import Path
+
+    import pytest
+
+    for module in ("nbformat", "papermill", "ipykernel"):
+        pytest.importorskip(module, reason=f"{module} is not installed (the experiments extra brings it): the "
+                                           f"sweep's notebook executor needs it")
 
     from mha.experiments.sweep_file import canonical_config, load_sweep
 

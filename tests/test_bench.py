@@ -196,7 +196,8 @@ def test_quick_cli_writes_the_json_schema(tmp_path):
     assert result["device"]["type"] in ("cpu", "cuda") and result["device"]["name"]
     assert result["torch_version"] == torch.__version__ and result["config"]["repeats"] == 2
     assert result["device"]["torch_version"] == result["torch_version"] and result["device"]["num_threads"] == 1
-    assert set(result["sections"]) == set(SECTIONS)
+    assert set(result["sections"]) == set(SECTIONS) and result["complete"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]  # the partial file is gone
 
     def check(point, same_function=True):
         if same_function:  # the gflops section's contenders (attention, a matmul) compute different things
@@ -236,3 +237,19 @@ def test_run_rejects_unknown_sections_and_names_the_device():
     assert info == machine_record(torch.device("cpu"))  # the one record of the machine
     assert info["type"] == "cpu" and info["name"] and info["slug"].startswith("cpu-")
     assert set(info["slug"]) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def test_sections_are_kept_as_they_finish():
+    """run() hands the results so far to on_section after each section but the last (a run cut short keeps them);
+    the command line writes them to <out>.partial.json, never over a complete file."""
+    from mha.experiments.bench import QUICK, run
+
+    seen = []
+    result = run(QUICK, sections=["train", "decode"], device="cpu", progress=False,
+                 on_section=lambda partial: seen.append(json.loads(json.dumps(partial))))
+    assert [(list(p["sections"]), p["complete"]) for p in seen] == [(["train"], False)]
+    assert seen[0]["sections"]["train"]["points"][0]["tokens_per_step"] == (
+        result["sections"]["train"]["points"][0]["tokens_per_step"])
+    assert list(result["sections"]) == ["train", "decode"] and result["complete"] is True
+    with pytest.raises(TypeError, match="on_section must be a function"):
+        run(QUICK, sections=["train"], device="cpu", progress=False, on_section="bench.json")

@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 def committed_rows():
     """(study, sweep parameters, results row) for every committed run of every chapter's sweeps."""
     for path in sorted(REPO.glob("experiments/*/*.yaml")):
+        if path.parent.name == "gpu":  # the GPU program's queue (experiments/gpu/queue.yaml), not a sweep file
+            continue
         spec = yaml.safe_load(path.read_text())
         results = path.parent / spec["name"] / "results.csv"
         if not results.is_file():

@@ -48,9 +48,52 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 TOL = {"rtol": 2e-5, "atol": 2e-5}  # float32 kernel vs float64 reference; errors seen are ~1e-6
 
 
+INTERPRETER_NUMPY_BREAK = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def interpreter_problem(probe=None) -> str | None:
+    """Why Triton's interpreter cannot run the kernels here, or None when it can: tried, not read from versions.
+
+    The probe is a tiny kernel whose loop bound is computed inside it, as the FlashAttention kernel's are. Triton
+    3.6's interpreter turns such a bound into a Python int with ``int()`` of a one-element array, which NumPy 2.4
+    and later refuse (``TypeError: only 0-dimensional arrays can be converted to Python scalars``); Triton 3.7 and
+    NumPy 2.3 both work. That failure gives the reason to skip; any other failure is raised (a real problem)."""
+    import numpy
+    import triton
+
+    try:
+        (probe or _interpreter_probe)()
+    except Exception as error:  # noqa: BLE001 - which one is decided by its message, below
+        if INTERPRETER_NUMPY_BREAK not in str(error):
+            raise
+        return (f"Triton {triton.__version__}'s interpreter cannot run with NumPy {numpy.__version__} (a loop bound "
+                f"computed in a kernel fails: {INTERPRETER_NUMPY_BREAK!r}); the kernels compile and are tested on a "
+                f"GPU (pytest -m cuda). To run these tests on a CPU, use NumPy < 2.4 or Triton >= 3.7")
+    return None
+
+
+def _interpreter_probe() -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def count(y_ptr, n):
+        end = tl.program_id(0) + n  # a loop bound computed in the kernel
+        total = tl.zeros([1], dtype=tl.float32)
+        for _ in range(0, end):
+            total += 1.0
+        tl.store(y_ptr + tl.arange(0, 1), total)
+
+    y = torch.zeros(1)
+    count[(1,)](y, 3)
+    if y.item() != 3.0:
+        raise AssertionError(f"Triton's interpreter counted {y.item()} iterations of a 3-iteration loop")
+
+
 @pytest.fixture(scope="module")
 def kernels():
-    """mha.kernels: compiled with CUDA; otherwise interpreted, with TRITON_INTERPRET=1 while this module runs."""
+    """mha.kernels: compiled with CUDA; otherwise interpreted, with TRITON_INTERPRET=1 while this module runs (and
+    skipped, saying why, where the installed Triton and NumPy cannot interpret a kernel: :func:`interpreter_problem`)."""
     if not HAS_TRITON:
         pytest.skip('Triton is not installed (pip install "mha-derived[kernels]")')
     previous = os.environ.get("TRITON_INTERPRET")
@@ -61,6 +104,10 @@ def kernels():
         if DEVICE == "cpu" and not module.is_interpreted():
             pytest.skip("mha.kernels was imported without TRITON_INTERPRET=1 earlier in this process; CPU tensors "
                         "need the interpreter")
+        if DEVICE == "cpu":
+            problem = interpreter_problem()
+            if problem:
+                pytest.skip(problem)
         yield module
     finally:
         if previous is None:
@@ -356,8 +403,15 @@ def test_benchmark_smoke_run_is_json(kernels):
     else:  # the interpreter: tiny sizes, one repeat; no time is asserted
         config = benchmark.BenchConfig(seq_lens=(16,), head_dims=(16,), dtypes=("float32",), batch=1, n_heads=1,
                                        repeats=1, warmup=1, matmul_size=64)
-    result = benchmark.run_benchmark(DEVICE, config)
+    partials = []  # the result after every row, as a run cut short would have written it (its rows kept)
+    result = benchmark.run_benchmark(DEVICE, config, on_row=lambda partial: partials.append(json.dumps(partial)))
     json.dumps(result)  # JSON-serialisable
+    partials = [json.loads(text) for text in partials]
+    assert [len(p["rows"]) for p in partials] == list(range(1, len(result["rows"]) + 1))
+    assert [p["complete"] for p in partials] == [False] * (len(partials) - 1) + [True] and result["complete"]
+    assert all(p["rows"] == result["rows"][:len(p["rows"])] for p in partials)  # rows kept as they finish
+    with pytest.raises(TypeError, match="on_row must be a function"):
+        benchmark.run_benchmark(DEVICE, config, on_row="results.json")
     assert result["device"]["type"] == DEVICE and result["matmul_rate_flops"] > 0
     assert result["device"]["interpreted"] is kernels.is_interpreted() and result["device"]["slug"].startswith(DEVICE)
     assert result["config"]["repeats"] == config.repeats
@@ -370,6 +424,25 @@ def test_benchmark_smoke_run_is_json(kernels):
         assert row["flops"] > 0 and row["triton_s"] > 0 and row["naive_s"] > 0
         assert row["flash_backend_s"] is None or row["flash_backend_s"] > 0
         assert row["triton_tflops"] > 0 and 0 < row["triton_fraction_of_matmul"]
+
+
+@needs_triton
+def test_interpreter_problem_skips_only_the_numpy_break():
+    """The reason to skip is given for the known Triton/NumPy break alone; any other failure of the probe is raised,
+    and a probe that runs gives no reason."""
+    from triton.runtime.errors import InterpreterError
+
+    def broken():
+        raise InterpreterError(repr(TypeError(INTERPRETER_NUMPY_BREAK)))
+
+    def other():
+        raise InterpreterError(repr(IndexError("out of bounds")))
+
+    reason = interpreter_problem(broken)
+    assert reason is not None and "NumPy < 2.4 or Triton >= 3.7" in reason and INTERPRETER_NUMPY_BREAK in reason
+    with pytest.raises(InterpreterError, match="out of bounds"):
+        interpreter_problem(other)
+    assert interpreter_problem(lambda: None) is None
 
 
 @needs_triton

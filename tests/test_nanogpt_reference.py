@@ -6,6 +6,7 @@ character model" put the two programs' losses side by side."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -123,3 +124,31 @@ def test_gpu_recipe_path_runs_on_a_tiny_model():
                                                          eval_interval=3, eval_iters=2, final_eval_iters=2,
                                                          device="cpu", dtype="bfloat16"), progress=False)
     assert [h["step"] for h in run["history"]] == [0, 3, 6] and np.isfinite(run["val_loss_final"])
+
+
+def test_max_iters_shortens_a_run_and_writes_its_own_file(tmp_path, monkeypatch, capsys):
+    """--max-iters N (a GPU's rate in a short slot): N iterations, the decay ending at N, the warmup at most N (no 0/0
+    where both end together), an evaluation after the last iteration, and a file of its own."""
+    from mha.experiments.data import load_tinyshakespeare
+
+    try:
+        load_tinyshakespeare()
+    except FileNotFoundError:
+        pytest.skip("Tiny Shakespeare not available (set MHA_DATA_DIR)")
+    tiny = ref.GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16)
+    settings = ref.TrainSettings(batch_size=2, eval_iters=1, final_eval_iters=1)  # max 2000, warmup 100, eval 250
+    monkeypatch.setitem(ref.RECIPES, "cpu", (tiny, settings))
+    threads = torch.get_num_threads()
+    try:
+        out = ref.main(["--max-iters", "3", "--threads", "1", "--out", str(tmp_path / "short.json")])
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(out.read_text())
+    assert (result["settings"]["max_iters"], result["settings"]["lr_decay_iters"],
+            result["settings"]["warmup_iters"]) == (3, 3, 3)
+    assert [h["step"] for h in result["runs"][0]["history"]] == [0, 3]  # evaluated after the last iteration too
+    assert ref.get_lr(3, ref.TrainSettings(max_iters=3, lr_decay_iters=3, warmup_iters=3)) == settings.min_lr
+    with pytest.raises(SystemExit):
+        ref.main(["--max-iters", "0", "--out", str(tmp_path / "never.json")])
+    assert "--max-iters must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "never.json").exists()

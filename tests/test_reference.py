@@ -13,12 +13,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
 
 from mha import reference as R
 
+from _optional_hypothesis import arrays, given, settings, st  # property tests skip without hypothesis
 from _params import make_params, t, torch_mha_module
 
 torch.set_num_threads(1)

@@ -64,6 +64,8 @@ GRID = {"d_model": [32, HUGE], "seed": [0]}
 @pytest.fixture(scope="module")
 def train_sweep(tmp_path_factory):
     """The train study through its notebook, two runs: the first trains; the second runs out of memory."""
+    for module in ("papermill", "ipykernel"):
+        pytest.importorskip(module, reason=f"{module} is not installed: the sweep's notebook executor needs it")
     folder = tmp_path_factory.mktemp("train_sweep")  # outside the repository: the package's checkout has the template
     config = write_sweep(folder, "train", BASE, GRID, name="train")
     rows = run_sweep(config, out=folder / "out", progress=False)
@@ -163,6 +165,7 @@ def test_parallel_jobs_and_thread_environment(tmp_path):
 
 
 def test_submitit_local_launcher(tmp_path):
+    pytest.importorskip("submitit", reason="submitit is not installed (the experiments extra brings it)")
     config = quick_sweep(tmp_path / "repo", {}, {"seed": [4, 13]})
     rows = run_sweep(config, out=tmp_path / "out", launcher="submitit", cluster="local", jobs=2, progress=False)
     assert [(r["seed"], r["status"]) for r in rows] == [("4", "ok"), ("13", "failed")]
@@ -244,7 +247,8 @@ def test_study_settings_are_checked_before_any_run(tmp_path):
 
 def test_every_committed_sweep_file_is_valid():
     """Every sweep file of every chapter folder loads (its runs' settings all check), and names its own folder."""
-    files = sorted(REPO.glob("experiments/*/*.yaml")) + [REPO / "experiments" / "smoke.yaml"]
+    files = sorted(path for path in REPO.glob("experiments/*/*.yaml") if path.parent.name != "gpu")  # gpu: the queue
+    files += [REPO / "experiments" / "smoke.yaml"]
     assert len(files) >= 19
     for path in files:
         sweep_ = load_sweep(path)
@@ -269,3 +273,82 @@ def test_one_command_and_one_check_per_sweep(tmp_path):
     assert first[0].config == first[0].study_config.to_dict() and first[0].study_config.study == "train"
     changed = write_sweep(tmp_path, "train", {**BASE, "lr": 2e-3}, {"seed": [0]})
     assert load_sweep(changed).runs()[0].study_config.lr == 2e-3  # an edited file is read again
+
+
+# ------------------------------------------------------------------------------------------ --set (command line)
+SMOKE = REPO / "experiments" / "smoke.yaml"
+
+
+def test_set_values_are_yaml_scalars_and_bad_items_name_themselves():
+    from mha.experiments.sweep_file import format_overrides, parse_overrides
+
+    parsed = parse_overrides(["steps=100", "lr=1e-3", "n_kv_heads=null", "bias=false", "task=two_offset",
+                              "device='7'"])
+    assert parsed == {"steps": 100, "lr": 0.001, "n_kv_heads": None, "bias": False, "task": "two_offset",
+                      "device": "7"}
+    assert [type(v) for v in parsed.values()] == [int, float, type(None), bool, str, str]
+    assert parse_overrides(format_overrides(parsed)) == parsed and "device='7'" in format_overrides(parsed)
+    for items, words in [(["steps"], "expected KEY=VALUE"), (["=3"], "expected KEY=VALUE"),
+                         (["steps=1", "steps=2"], "steps is set twice"), (["steps=[1, 2]"], "one YAML scalar"),
+                         (["task_kwargs={a: 1}"], "one YAML scalar"), (["out_dir=/tmp"], "set by the runner"),
+                         (["steps="], "no value")]:
+        with pytest.raises(ValueError, match=words):
+            parse_overrides(items)
+    with pytest.raises(TypeError, match="KEY=VALUE strings, got 3"):
+        parse_overrides([3])
+    with pytest.raises(TypeError, match="a list of 'KEY=VALUE' strings"):
+        parse_overrides("steps=3")
+
+
+def test_set_makes_runs_of_their_own():
+    """--set keeps a grid key to its one value, changes the other settings of every run, names the sweep (and its
+    folder) after the overrides, and gives ids that no run of the file has, even where the values coincide."""
+    full = load_sweep(SMOKE)
+    short = load_sweep(SMOKE, {"steps": 5, "seed": 0})
+    assert short.name == "smoke--steps-5_seed-0" and sweep.output_dir(short) == SMOKE.parent / "smoke--steps-5_seed-0"
+    assert short.grid == {**full.grid, "seed": [0]} and short.base["steps"] == 5
+    assert [run.parameters["seed"] for run in short.runs()] == [0, 0]
+    assert all(run.config["steps"] == 5 for run in short.runs())
+    assert not {run.run_id for run in short.runs()} & {run.run_id for run in full.runs()}
+    same_values = load_sweep(SMOKE, {"seed": 0})  # seed 0 is in the grid: the runs equal two of the file's ...
+    assert [r.config for r in same_values.runs()] == [r.config for r in full.runs() if r.parameters["seed"] == 0]
+    assert not {r.run_id for r in same_values.runs()} & {r.run_id for r in full.runs()}  # ... under ids of their own
+    again = load_sweep(SMOKE, {"seed": 0, "steps": 5})  # the same overrides in another order: the same runs
+    assert [r.run_id for r in again.runs()] == [r.run_id for r in short.runs()]
+    # the id hashes the parameters and the overrides, as documented
+    expected = hashlib.sha256(json.dumps({"parameters": short.runs()[0].parameters, "set": {"steps": 5, "seed": 0}},
+                                         sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+    assert short.runs()[0].run_id == expected
+    assert short.command() == "python -m mha.sweep experiments/smoke.yaml --set steps=5 --set seed=0"
+
+
+def test_set_is_checked_like_the_files_settings_and_shortens_the_warmup():
+    with pytest.raises(ValueError, match=r"--set stps=5: 'stps' is not a setting of study 'train' \(did you mean "
+                                         r"'steps'\?\)"):
+        load_sweep(SMOKE, {"stps": 5})
+    with pytest.raises(ValueError, match=r"with --set steps=-1\): run [0-9a-f]{12} .*steps must be an integer >= 1"):
+        load_sweep(SMOKE, {"steps": -1})
+    with pytest.raises(TypeError, match=r"with --set n_heads=four\): run .*n_heads must be an integer"):
+        load_sweep(SMOKE, {"n_heads": "four"})
+    with pytest.raises(TypeError, match="overrides must be a dict"):
+        load_sweep(SMOKE, ["steps=5"])
+    short = load_sweep(SMOKE, {"steps": 5})  # the default warmup (10) would be longer than the run
+    assert all(run.config["warmup_steps"] == 5 for run in short.runs())
+    assert short.adjusted == ["warmup_steps 10 -> 5 (a warmup must not be longer than the run; --set "
+                              "warmup_steps=... to choose another)"]
+    assert load_sweep(SMOKE, {"steps": 50}).adjusted == []
+    with pytest.raises(ValueError, match="warmup_steps \\(10\\) must be <= steps \\(5\\)"):
+        load_sweep(SMOKE, {"steps": 5, "warmup_steps": 10})  # named by --set too: checked, not changed
+
+
+def test_set_on_the_command_line(tmp_path, capsys):
+    assert sweep.main([str(SMOKE), "--set", "steps=5", "--set", "seed=1", "--out", str(tmp_path), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    ids = [run.run_id for run in load_sweep(SMOKE, {"steps": 5, "seed": 1}).runs()]
+    assert [line.split()[0] for line in out.splitlines()[:-1]] == ids and "2 of 2 runs to do" in out
+    assert "warmup_steps 10 -> 5" in err
+    assert sweep.main([str(SMOKE), "--set", "stps=5", "--out", str(tmp_path), "--dry-run"]) == 2
+    assert "error: --set stps=5: 'stps' is not a setting" in capsys.readouterr().err  # a message, no traceback
+    with pytest.raises(SystemExit):
+        sweep.main([str(SMOKE), "--set", "steps", "--dry-run"])
+    assert "--set 'steps': expected KEY=VALUE" in capsys.readouterr().err

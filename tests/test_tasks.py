@@ -147,6 +147,9 @@ def test_shakespeare_batches():
 @pytest.fixture
 def fake_download(monkeypatch):
     """pooch's downloader replaced by a fake that writes ``served["bytes"]`` or raises ``served["error"]``."""
+    for module in ("pooch", "requests"):
+        pytest.importorskip(module, reason=f"{module} is not installed: only a download needs it (the checksum of a "
+                                           f"file on disk is hashlib's)")
     served = {"calls": 0}
 
     def downloader(url, output_file, pooch_instance, check_only=False):
@@ -180,13 +183,46 @@ def test_download_without_network_names_the_path(tmp_path, fake_download, monkey
     assert str(tmp_path / "tinyshakespeare" / "input.txt") in message and data.TINYSHAKESPEARE_URL in message
 
 
-def test_corrupt_cached_file_is_an_error_and_is_kept(tmp_path, fake_download):
+def test_corrupt_cached_file_is_an_error_and_is_kept(tmp_path, monkeypatch):
+    def no_download():
+        raise AssertionError("a file on disk is checked without pooch, and never downloaded again")
+
+    monkeypatch.setattr(data, "_pooch", no_download)
     path = tmp_path / "tinyshakespeare" / "input.txt"
     path.parent.mkdir()
     path.write_text("First Citizen: a corrupted copy")
-    with pytest.raises(ValueError, match="sha256"):
+    with pytest.raises(ValueError, match=hashlib.sha256(b"First Citizen: a corrupted copy").hexdigest()):
         data.load_tinyshakespeare(tmp_path)
-    assert fake_download["calls"] == 0 and path.read_text() == "First Citizen: a corrupted copy"
+    assert path.read_text() == "First Citizen: a corrupted copy"
+
+
+def test_file_sha256_is_the_standard_digest(tmp_path):
+    """hashlib's sha256 in 1 MiB blocks: the FIPS 180-2 test vector, and a file longer than one block."""
+    (tmp_path / "abc").write_bytes(b"abc")
+    assert data.file_sha256(tmp_path / "abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    (tmp_path / "long").write_bytes(b"a" * 1_000_000 * 3)
+    assert data.file_sha256(tmp_path / "long") == hashlib.sha256(b"a" * 3_000_000).hexdigest()
+
+
+@needs_shakespeare
+def test_reading_needs_no_pooch_and_a_missing_file_says_what_to_do(tmp_path, monkeypatch):
+    """Without pooch (a stock GPU image) the text on disk is read and checked (hashlib); a missing file is a
+    FileNotFoundError that says where to put it and that a download needs pooch."""
+    def no_pooch():
+        raise ImportError("No module named 'pooch'")
+
+    monkeypatch.setattr(data, "_pooch", no_pooch)
+    raw = (DATA_DIR / "tinyshakespeare" / "input.txt").read_bytes()
+    assert data.file_sha256(DATA_DIR / "tinyshakespeare" / "input.txt") == data.TINYSHAKESPEARE_SHA256
+    assert data.load_tinyshakespeare(DATA_DIR) == raw.decode()
+    with pytest.raises(FileNotFoundError) as info:
+        data.load_tinyshakespeare(tmp_path)
+    message = str(info.value)
+    assert "needs pooch" in message and str(tmp_path / "tinyshakespeare" / "input.txt") in message
+    monkeypatch.delenv("MHA_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if os.sys.platform.startswith("linux"):  # pooch's os_cache on Linux is the same folder
+        assert data.dataset_dir() == tmp_path / "cache" / "mha-derived"
 
 
 @needs_shakespeare

@@ -7,6 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+pytest.importorskip("sphinx", reason="Sphinx is not installed (the book extra brings it): tools/i18n.py needs it")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import i18n  # noqa: E402

@@ -18,11 +18,14 @@ batch (20 fresh random batches per split at each evaluation, every 250 iteration
 
     python experiments/shakespeare/nanogpt_reference.py --seeds 1337 0 1 2 3 4 5 6 7 8 9
     python experiments/shakespeare/nanogpt_reference.py --recipe gpu --seeds 1337     (on a CUDA GPU)
+    python experiments/shakespeare/nanogpt_reference.py --recipe gpu --max-iters 100  (a short run: a GPU's rate)
 
 writes ``experiments/shakespeare/nanogpt-reference/results.json``: per seed, the log nanoGPT prints (train and val loss
 estimates at every evaluation), the loss on 200 batches of each split at the end, the wall time and the machine's
 load. Runs of other seeds already in the file are kept (a seed run again replaces its entry), so seeds can be added
-later. Run it alone,
+later. ``--max-iters N`` shortens a run as the sweeps' ``--set steps=N`` does: N iterations, the cosine decay ending
+at N (``lr_decay_iters``), the warmup at most N, and an evaluation after the last iteration; its results go to their
+own file (``results-iters<N>.json``, ``results-gpu-iters<N>.json``). Run it alone,
 on a quiet machine: it is a wall-time comparison too. tests/test_nanogpt_reference.py checks that TinyTransformer
 computes the same function as this model (same weights in, same logits, loss and gradients out).
 """
@@ -220,8 +223,8 @@ def get_lr(it: int, s: TrainSettings) -> float:
     """train.py's schedule: linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
     if it < s.warmup_iters:
         return s.learning_rate * (it + 1) / (s.warmup_iters + 1)
-    if it > s.lr_decay_iters:
-        return s.min_lr
+    if it >= s.lr_decay_iters:  # train.py has '>': the same value at lr_decay_iters (cos(pi) = -1), and no 0/0
+        return s.min_lr  # when a shortened run's warmup ends where its decay ends (--max-iters)
     ratio = (it - s.warmup_iters) / (s.lr_decay_iters - s.warmup_iters)
     return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (s.learning_rate - s.min_lr)
 
@@ -270,7 +273,7 @@ def train_one(seed: int, text: str, config: GPTConfig | None = None, settings: T
         lr = get_lr(it, settings)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if it % settings.eval_interval == 0:
+        if it % settings.eval_interval == 0 or it == settings.max_iters:  # and after the last iteration
             losses = estimate_loss(step_model, splits, config.block_size, settings.batch_size, settings.eval_iters,
                                    settings)
             history.append(dict(step=it, train_loss=losses["train"], val_loss=losses["val"]))
@@ -303,13 +306,23 @@ def main(argv=None) -> Path:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--data-dir", default=None, help="directory holding tinyshakespeare/input.txt "
                                                          "(default: MHA_DATA_DIR, else the download cache)")
+    parser.add_argument("--max-iters", type=int, default=None, metavar="N",
+                        help="a shortened run: N iterations, the cosine decay ending at N, the warmup at most N "
+                             "(default: the recipe's, 2000 on the CPU, 5000 on the GPU)")
     parser.add_argument("--out", default=None, help="JSON file to write (default nanogpt-reference/results.json for "
-                                                    "the CPU recipe, results-gpu.json for the GPU recipe)")
+                                                    "the CPU recipe, results-gpu.json for the GPU recipe; with "
+                                                    "--max-iters N, results[-gpu]-iters<N>.json)")
     args = parser.parse_args(argv)
     config, settings = RECIPES[args.recipe]
     if args.compile:
         settings = replace(settings, compile=True)
     default_name = "results.json" if args.recipe == "cpu" else "results-gpu.json"
+    if args.max_iters is not None:
+        if args.max_iters < 1:
+            parser.error(f"--max-iters must be an integer >= 1, got {args.max_iters}")
+        settings = replace(settings, max_iters=args.max_iters, lr_decay_iters=args.max_iters,
+                           warmup_iters=min(settings.warmup_iters, args.max_iters))
+        default_name = default_name.replace(".json", f"-iters{args.max_iters}.json")
     args.out = args.out or str(Path(__file__).resolve().parent / "nanogpt-reference" / default_name)
     from mha.experiments.data import load_tinyshakespeare  # the checksum-verified text (downloaded once, or MHA_DATA_DIR)
     from mha.experiments.machine import cpu_model

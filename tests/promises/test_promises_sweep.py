@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -141,6 +140,8 @@ def test_a_row_edited_by_hand_is_not_trusted(tmp_path, fake_runs):
 
 
 def _descendants(pid):
+    import psutil
+
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -150,6 +151,8 @@ def _descendants(pid):
 def test_one_runner_per_sweep_and_its_workers_end_with_it(tmp_path):
     """A second runner on a busy sweep stops at once naming the first one's pid; when the first is killed with
     SIGKILL, the processes it started (pool workers, their kernels) end too, and the sweep can be run again."""
+    psutil = pytest.importorskip("psutil", reason="psutil is not installed (Jupyter's kernels bring it)")
+    pytest.importorskip("papermill", reason="papermill is not installed (the experiments extra brings it)")
     path = write_train_template(write(tmp_path, name="slow"), "import time\ntime.sleep(600)")  # a slow template
     runner = subprocess.Popen([sys.executable, "-m", "mha.sweep", str(path), "--jobs", "2"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -50,8 +50,14 @@ def _dirty_modules() -> list[str] | None:
 
 
 def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = True, note: str | None = None,
-        quick: bool = False) -> dict:
-    """Run the chosen sections and return the JSON-ready results dict (see :mod:`mha.experiments.bench`)."""
+        quick: bool = False, on_section=None) -> dict:
+    """Run the chosen sections and return the JSON-ready results dict (see :mod:`mha.experiments.bench`).
+
+    ``on_section``: called after every section with the results so far (``complete`` False until the last section
+    is done), e.g. to write them to disk, so that a run cut short keeps the sections it finished."""
+    if on_section is not None and not callable(on_section):
+        raise TypeError(f"on_section must be a function of the results so far, or None; got {on_section!r} of type "
+                        f"{type(on_section).__name__}")
     unknown = [s for s in sections if s not in SECTION_FUNCTIONS]
     if unknown:
         raise ValueError(f"unknown sections {unknown}; expected some of {list(SECTIONS)}")
@@ -64,7 +70,8 @@ def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = Tru
         python_version=machine["python_version"], num_threads=machine["num_threads"],
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         git_commit=git_commit(REPO_ROOT), git_dirty_files=_dirty_modules(),
-        quick=quick, note=note, load_average_start=load_start, config=asdict(cfg), method=METHOD, sections={})
+        quick=quick, note=note, load_average_start=load_start, config=asdict(cfg), method=METHOD, sections={},
+        complete=False)
     if device.type != "cuda":
         results["cuda_note"] = ("CPU run: no bfloat16 points and no CUDA SDPA backends; on a CUDA machine the same "
                                 "command adds bfloat16 and reports flash / efficient / cudnn / math.")
@@ -72,6 +79,9 @@ def run(cfg: BenchConfig, sections=SECTIONS, device="auto", progress: bool = Tru
         section_start = time.perf_counter()
         results["sections"][name] = SECTION_FUNCTIONS[name](cfg, device, progress=progress)
         results["sections"][name]["elapsed_s"] = time.perf_counter() - section_start
+        if on_section is not None and len(results["sections"]) < len(sections):
+            on_section(results)
+    results["complete"] = True
     results["load_average_end"] = load_average()
     results["total_s"] = time.perf_counter() - start
     return results
@@ -104,16 +114,22 @@ def main(argv=None) -> Path:
     cfg = replace(cfg, **overrides)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    results = run(cfg, sections=sections, device=args.device, progress=not args.no_progress, note=args.note,
-                  quick=args.quick)
-    slug = results["device"]["slug"]
+    slug = machine_record(resolve_device(args.device))["slug"]
     if args.out is not None:
         out = Path(args.out)
     elif args.quick:
         out = REPO_ROOT / "_build" / "bench" / f"{slug}-quick.json"
     else:
         out = REPO_ROOT / "experiments" / "benchmarks" / f"{slug}.json"
+    partial = out.with_name(out.stem + ".partial.json")  # the sections so far; never over a complete file
+
+    def save_partial(results):
+        save_json(results, partial)
+
+    results = run(cfg, sections=sections, device=args.device, progress=not args.no_progress, note=args.note,
+                  quick=args.quick, on_section=save_partial)
     save_json(results, out)
+    partial.unlink(missing_ok=True)
     print(f"wrote {out} ({results['total_s']:.1f} s, {results['num_threads']} threads, {results['device']['name']})")
     return out
 

@@ -4,7 +4,7 @@ Book: part III (every chapter records the machine beside its results). Runs are 
 CPU model with one thread count (and one torch build); :func:`machine_info` records both with every run, so a
 result can be traced to the machine that made it. :func:`machine_record` is the same record with what a benchmark
 adds (logical CPUs, Triton, the GPU and CUDA settings): the one record of the machine that ``python -m mha.bench``,
-``python -m mha.kernels.benchmark`` and ``python -m mha.experiments.gpu_check`` write. :func:`machine_load` is how
+``python -m mha.kernels.benchmark`` and ``python -m mha.experiments.gpu_run`` write. :func:`machine_load` is how
 busy the machine was (logical CPUs, load average), and :func:`git_commit` the code that ran.
 """
 

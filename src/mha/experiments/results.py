@@ -222,7 +222,8 @@ def experiments_dir(start: str | os.PathLike | None = None) -> Path:
 
 
 def sweep_names(root: str | os.PathLike | None = None) -> dict[str, Path]:
-    """Every sweep file under ``experiments/<chapter>/``: sweep name -> the YAML file."""
+    """Every sweep file under ``experiments/<chapter>/``: sweep name -> the YAML file (``experiments/gpu/``, the GPU
+    program's queue, holds none)."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when PyYAML has it: 7 times faster (a
@@ -230,6 +231,8 @@ def sweep_names(root: str | os.PathLike | None = None) -> dict[str, Path]:
     root = experiments_dir(root)
     names = {}
     for path in sorted(root.glob("*/*.yaml")):
+        if path.parent.name == "gpu":  # experiments/gpu/queue.yaml: the GPU program's pieces, not a sweep file
+            continue
         name = (yaml.load(path.read_text(), Loader=loader) or {}).get("name")
         if name in names:
             raise ValueError(f"two sweep files are named {name!r}: {names[name]} and {path}")

@@ -5,8 +5,13 @@ Book: part III (experiments); every chapter's numbers come from a ``results.csv`
 Usage::
 
     python -m mha.sweep experiments/head_count/head-count.yaml [--out DIR] [--jobs N] [--only RUN_ID ...]
-                        [--executor notebook|function] [--launcher local|submitit] [--cluster slurm|local|debug]
-                        [--dry-run]
+                        [--set KEY=VALUE ...] [--executor notebook|function] [--launcher local|submitit]
+                        [--cluster slurm|local|debug] [--dry-run]
+
+``--set steps=100 --set seed=0`` overrides settings for every run (a shortened or partial sweep, e.g. to measure a
+GPU's rate): values are YAML scalars checked like the file's own, a grid key keeps the one value given, and the runs
+get their own ids and, by default, their own folder (``<the sweep file's folder>/<name>--steps-100_seed-0/``), so they
+never mix with the sweep's committed runs (:func:`mha.experiments.sweep_file.parse_overrides`).
 
 This module is the runner and its command line. The sweep file (its keys, its checks, the runs it makes and their
 ids) is :mod:`mha.experiments.sweep_file`; the table of results (its columns, the checksum, which rows are trusted)
@@ -54,7 +59,7 @@ from tqdm import tqdm  # plain tqdm: tqdm.auto warns inside Jupyter when ipywidg
 from mha._checks import check_bool, check_choice, check_int
 from mha.experiments.results import RECORD_COLUMNS, Results, csv_cell, plan
 from mha.experiments.sweep_file import (NOTEBOOKS, Run, Sweep, canonical_config, config_difference,
-                                        describe_parameters, load_sweep)
+                                        describe_parameters, load_sweep, parse_overrides)
 
 __all__ = ["execute_run", "run_sweep", "output_dir", "device_problems", "main", "EXECUTORS", "ChangedRunsError",
            "SweepBusyError"]
@@ -261,7 +266,8 @@ def _changed_message(sweep: Sweep, csv_path: Path, changed: list, total: int) ->
 def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = None, jobs: int | None = None,
               launcher: str = "local", cluster: str = "slurm", dry_run: bool = False, kernel: str = "python3",
               timeout_min: int = 60, progress: bool = True, executor: str = "notebook",
-              only: list[str] | None = None, rerun_changed: bool = False) -> list[dict]:
+              only: list[str] | None = None, rerun_changed: bool = False,
+              overrides: dict | None = None) -> list[dict]:
     """Run (or, with ``dry_run``, list) the sweep's unfinished runs; return the sweep's rows of results.csv.
 
     ``out`` defaults to :func:`output_dir`. ``jobs`` defaults to the sweep file's ``jobs`` (else 1).
@@ -273,9 +279,10 @@ def run_sweep(config_path: str | os.PathLike, out: str | os.PathLike | None = No
     raise :class:`ChangedRunsError` before anything runs, unless ``rerun_changed``. Another runner on the same
     folder raises :class:`SweepBusyError`. With ``dry_run`` nothing runs: the rows returned are the planned runs,
     with status "ok" (finished and trusted), "changed" (finished with another configuration; ``reason`` says
-    which) or "todo".
+    which) or "todo". ``overrides``: settings for every run, as ``--set`` gives them (see
+    :func:`mha.experiments.sweep_file.load_sweep`): the runs then have their own ids and default folder.
     """
-    sweep = load_sweep(config_path)
+    sweep = load_sweep(config_path, overrides)
     jobs = sweep.jobs if jobs is None else check_int("jobs", jobs)
     check_choice("launcher", launcher, ("local", "submitit"))
     check_choice("executor", executor, EXECUTORS)
@@ -365,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output directory (default: <the sweep file's folder>/<name>/)")
     parser.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: the sweep file's jobs, else 1)")
     parser.add_argument("--only", nargs="+", metavar="RUN_ID", help="run only these runs (see --dry-run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override a setting for every run (repeatable; VALUE is a YAML scalar, e.g. --set "
+                             "steps=100 --set seed=0); the runs get their own ids and folder <name>--<overrides>")
     parser.add_argument("--executor", choices=EXECUTORS, default="notebook",
                         help="notebook: papermill (default); function: the study's function, no Jupyter needed")
     parser.add_argument("--launcher", choices=("local", "submitit"), default="local")
@@ -376,9 +386,21 @@ def main(argv: list[str] | None = None) -> int:
                              "now (otherwise the sweep stops and lists them)")
     args = parser.parse_args(argv)
     try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as error:
+        parser.error(str(error))
+    if overrides:  # a bad --set is a message, not a traceback (the sweep file's own errors are reported as before)
+        try:
+            loaded = load_sweep(args.config, overrides)
+        except (TypeError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        for change in loaded.adjusted:
+            print(f"note: --set steps={overrides['steps']}: {change}", file=sys.stderr)
+    try:
         rows = run_sweep(args.config, out=args.out, jobs=args.jobs, launcher=args.launcher, cluster=args.cluster,
                          dry_run=args.dry_run, timeout_min=args.timeout_min, executor=args.executor, only=args.only,
-                         rerun_changed=args.rerun_changed)
+                         rerun_changed=args.rerun_changed, overrides=overrides)
     except (ChangedRunsError, SweepBusyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -387,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             params = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("run_id", "sweep", "status", "reason"))
             reason = f"  [{row['reason']}]" if row["reason"] else ""
             print(f"{row['run_id']}  {row['status']:7}  {params}{reason}")
-        planned = load_sweep(args.config)
+        planned = load_sweep(args.config, overrides)
         for problem in device_problems(planned, planned.runs()):
             print(f"note: {problem}: a run here would stop before starting")
         todo = sum(r["status"] == "todo" for r in rows)
@@ -398,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [row for row in rows if row["status"] != "ok"]
     for row in failed:
         print(f"failed {row['run_id']}: {row['error']}", file=sys.stderr)
-    out = output_dir(load_sweep(args.config), args.out)
+    out = output_dir(load_sweep(args.config, overrides), args.out)
     print(f"{len(rows) - len(failed)} of {len(rows)} runs ok; results in {out / 'results.csv'}", file=sys.stderr)
     return 1 if failed else 0
 

@@ -19,12 +19,22 @@ checkout the package runs from.
 
 A run's ``run_id`` is a hash of its base + grid settings (:func:`run_id`), stable across reruns, key order and
 machines; its ``config`` is every setting it uses, defaults included, compared as canonical JSON
-(:func:`canonical_config`). The runner is :mod:`mha.experiments.sweep`; the table of results,
-:mod:`mha.experiments.results`.
+(:func:`canonical_config`).
+
+Overrides from the command line (``python -m mha.sweep FILE --set steps=100 --set seed=0``; :func:`parse_overrides`,
+``load_sweep(path, overrides)``): each ``KEY=VALUE`` sets one setting of the study's configuration for every run, its
+value read as one YAML scalar by the sweep file's own reader (``1e-3`` a float, ``null`` None, ``true`` a bool) and
+checked like any setting. A key of the grid keeps that one value (``--set seed=0`` runs seed 0 only); any other
+setting replaces or joins ``base``. Such a sweep is another sweep: its name (and so its default results folder) is
+the file's name followed by ``--`` and the overrides (``head-count-gpu--steps-100_seed-0``), and its run ids hash
+the overrides too, so that its runs never collide with the full sweep's committed runs.
+
+The runner is :mod:`mha.experiments.sweep`; the table of results, :mod:`mha.experiments.results`.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -42,7 +52,7 @@ if TYPE_CHECKING:
     from mha.experiments.config import RunConfig
 
 __all__ = ["Sweep", "Run", "load_sweep", "run_id", "canonical_config", "config_difference", "command",
-           "describe_parameters", "RUNNER_PARAMETERS", "NOTEBOOKS"]
+           "describe_parameters", "parse_overrides", "format_overrides", "RUNNER_PARAMETERS", "NOTEBOOKS"]
 
 RUNNER_PARAMETERS = ("out_dir", "artifacts_dir")  # set by the runner for every run, never by a sweep
 SWEEP_KEYS = {"name", "study", "base", "grid", "jobs"}
@@ -80,10 +90,81 @@ def _mapping_without_duplicates(loader, node):
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
-def run_id(parameters: dict) -> str:
-    """12 hex digits of the sha256 of the parameters as canonical JSON (sorted keys): same parameters, same id."""
-    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+def run_id(parameters: dict, overrides: dict | None = None) -> str:
+    """12 hex digits of the sha256 of the parameters as canonical JSON (sorted keys): same parameters, same id.
+
+    With command-line ``overrides`` (``--set``), the hash covers ``{"parameters": ..., "set": overrides}``, so a run
+    made with overrides never has the id of a run of the sweep file itself, even where the values coincide."""
+    content = parameters if not overrides else {"parameters": parameters, "set": overrides}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _scalar_text(value) -> str:
+    """A YAML scalar as ``--set`` writes it: null, true/false, numbers as Python writes them, strings as they are,
+    quoted where YAML would read them as something else (``'7'``, ``'null'``), so that it reads back the same."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if isinstance(value, str):
+        try:
+            same = text.strip() != "" and yaml.load(text, Loader=_Loader) == value
+        except yaml.YAMLError:
+            same = False
+        if not same:
+            text = "'" + value.replace("'", "''") + "'"
+    return text
+
+
+def parse_overrides(items) -> dict:
+    """``["steps=100", "seed=0"]`` (``--set`` arguments) -> ``{"steps": 100, "seed": 0}``.
+
+    Each item is ``KEY=VALUE``: KEY a setting's name (letters, digits and ``_``), VALUE one YAML scalar read by the
+    sweep file's reader (``1e-3`` is a float, ``null`` None, ``true`` a bool, ``'7'`` a string). A list or a mapping,
+    an item without ``=``, an empty key, a key given twice or a key the runner sets itself raise ValueError naming
+    the item; an item that is not a string raises TypeError. Whether KEY is a setting of the study, and whether its
+    value suits it, is checked by :func:`load_sweep`, as for the sweep file's own settings."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise TypeError(f"overrides must be a list of 'KEY=VALUE' strings, got {items!r} of type "
+                        f"{type(items).__name__}")
+    overrides = {}
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"--set takes KEY=VALUE strings, got {item!r} of type {type(item).__name__}")
+        key, equals, text = item.partition("=")
+        key = key.strip()
+        if not equals or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY a setting's name (e.g. --set steps=100)")
+        if key in overrides:
+            raise ValueError(f"--set {item!r}: {key} is set twice ({key}={_scalar_text(overrides[key])} first); "
+                             f"give each setting once")
+        if key in RUNNER_PARAMETERS:
+            raise ValueError(f"--set {item!r}: '{key}' is set by the runner for each run; use --out")
+        if not text.strip():
+            raise ValueError(f"--set {item!r}: no value after '='; write null for None")
+        try:
+            value = yaml.load(text, Loader=_Loader)
+        except yaml.YAMLError as error:
+            raise ValueError(f"--set {item!r}: the value is not a YAML scalar ({' '.join(str(error).split())})") \
+                from None
+        if isinstance(value, (list, dict)):
+            raise ValueError(f"--set {item!r}: the value must be one YAML scalar (a number, a string, true/false or "
+                             f"null), got a {type(value).__name__}; set structured values in the sweep file")
+        overrides[key] = value
+    return overrides
+
+
+def format_overrides(overrides: dict) -> list[str]:
+    """The ``--set`` arguments that make ``overrides`` (:func:`parse_overrides`' inverse), in the given order."""
+    return [f"{key}={_scalar_text(value)}" for key, value in overrides.items()]
+
+
+def _override_tag(overrides: dict) -> str:
+    """``{"steps": 100, "seed": 0}`` -> ``"steps-100_seed-0"``: the suffix of an overridden sweep's name."""
+    text = "_".join(f"{key}-{_scalar_text(value)}" for key, value in overrides.items())
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
 
 
 def canonical_config(config: dict) -> str:
@@ -109,6 +190,8 @@ class Sweep:
     grid: dict  # parameter -> list of values; the runs are the cartesian product
     path: Path  # the YAML file
     jobs: int = 1  # runs in parallel unless the command line says otherwise
+    overrides: dict = field(default_factory=dict)  # the command line's --set (already in base and grid); {} if none
+    adjusted: list = field(default_factory=list)  # what --set steps=N changed besides (warmup_steps cut to N), in words
     _runs: list = field(default_factory=list, repr=False)  # the runs, made and checked by load_sweep
 
     def runs(self) -> list[Run]:
@@ -120,18 +203,23 @@ class Sweep:
         return run.config["threads"]
 
     def command(self) -> str:
-        """The command that (re)makes this sweep's results (:func:`command`)."""
-        return command(self.path, self.jobs)
+        """The command that (re)makes this sweep's results (:func:`command`), with its ``--set`` overrides."""
+        return command(self.path, self.jobs, overrides=self.overrides)
 
 
-def command(sweep_file: str | os.PathLike, jobs: int = 1, root: str | os.PathLike | None = None) -> str:
-    """The command that (re)makes a sweep's results: ``python -m mha.sweep <sweep file> [--jobs N]``, the file
-    relative to ``root`` (default: the repository holding it, when there is one), from where the command runs.
-    ``jobs``: the sweep file's (runs in parallel; the wall-time sweeps leave it at 1, one run at a time)."""
+def command(sweep_file: str | os.PathLike, jobs: int = 1, root: str | os.PathLike | None = None,
+            overrides: dict | None = None) -> str:
+    """The command that (re)makes a sweep's results: ``python -m mha.sweep <sweep file> [--set K=V ...] [--jobs
+    N]``, the file relative to ``root`` (default: the repository holding it, when there is one), from where the
+    command runs. ``jobs``: the sweep file's (runs in parallel; the wall-time sweeps leave it at 1, one run at a
+    time); ``overrides``: the command line's ``--set`` settings, if any."""
+    import shlex
+
     path = Path(sweep_file).resolve()
     root = _repo_root(path.parent) if root is None else Path(root).resolve()
     shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
-    return f"python -m mha.sweep {shown}" + (f" --jobs {jobs}" if jobs > 1 else "")
+    sets = "".join(f" --set {shlex.quote(item)}" for item in format_overrides(overrides or {}))
+    return f"python -m mha.sweep {shown}{sets}" + (f" --jobs {jobs}" if jobs > 1 else "")
 
 
 def _repo_root(start: Path) -> Path | None:
@@ -160,9 +248,19 @@ def _read_yaml(path: Path):
             raise ValueError(f"{path} is not a valid sweep file:\n{error}") from None
 
 
-def load_sweep(config_path: str | os.PathLike) -> Sweep:
-    """Read and check a sweep file and every run it makes; an error names the file, the key and the run."""
+def load_sweep(config_path: str | os.PathLike, overrides: dict | None = None) -> Sweep:
+    """Read and check a sweep file and every run it makes; an error names the file, the key and the run.
+
+    ``overrides``: settings from the command line (``--set``, :func:`parse_overrides`), applied to every run: a grid
+    key keeps that one value, any other setting goes into ``base``. The sweep is then named ``<name>--<overrides>``
+    and its run ids hash the overrides (see the module's docstring). An override that is not a setting of the study
+    raises ValueError naming it; a bad value fails like a bad value in the file, naming the run."""
     path = Path(config_path).resolve()
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, dict):
+        raise TypeError(f"overrides must be a dict of setting names to values (see parse_overrides), got "
+                        f"{overrides!r} of type {type(overrides).__name__}")
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist")
     spec = _read_yaml(path)
@@ -197,9 +295,46 @@ def load_sweep(config_path: str | os.PathLike) -> Sweep:
     study = spec.get("study")
     if study not in STUDIES:
         raise ValueError(f"{path}: study must be one of {sorted(STUDIES)}, got {study!r}")
-    sweep = Sweep(name, study, _study_notebook(path, study), base, grid, path, jobs)
+    if overrides:
+        settings = STUDIES[study].config.settings()
+        for key in overrides:
+            if key in RUNNER_PARAMETERS:
+                raise ValueError(f"--set {key}: '{key}' is set by the runner for each run; use --out")
+            if key not in settings:
+                close = difflib.get_close_matches(str(key), list(settings), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"--set {key}={_scalar_text(overrides[key])}: {key!r} is not a setting of study "
+                                 f"{study!r}{hint}; its settings are {list(settings)}")
+        base, grid = dict(base), dict(grid)
+        for key, value in overrides.items():
+            if key in grid:
+                grid[key] = [value]
+            else:
+                base[key] = value
+        adjusted = _shorten_warmup(study, base, grid, overrides)
+        name = f"{name}--{_override_tag(overrides)}"
+    else:
+        adjusted = []
+    sweep = Sweep(name, study, _study_notebook(path, study), base, grid, path, jobs, dict(overrides), adjusted)
     _check_runs(sweep)
     return sweep
+
+
+def _shorten_warmup(study: str, base: dict, grid: dict, overrides: dict) -> list[str]:
+    """``--set steps=N`` shortens the runs: a warmup longer than N (the file's or the default, when ``--set`` does not
+    name ``warmup_steps`` itself) becomes N, in ``base``, so that the shortened runs are valid (warmup_steps <= steps
+    is a rule of the configuration). Returns what was changed, in words (the runner prints it)."""
+    from mha.experiments.studies import STUDIES
+
+    steps = overrides.get("steps")
+    if "warmup_steps" in overrides or "warmup_steps" in grid or isinstance(steps, bool) or not isinstance(steps, int):
+        return []
+    warmup = base.get("warmup_steps", STUDIES[study].config.from_dict({}).to_dict().get("warmup_steps"))
+    if isinstance(warmup, int) and not isinstance(warmup, bool) and 0 < steps < warmup:
+        base["warmup_steps"] = steps
+        return [f"warmup_steps {warmup} -> {steps} (a warmup must not be longer than the run; --set warmup_steps=... "
+                f"to choose another)"]
+    return []
 
 
 def _check_runs(sweep: Sweep) -> None:
@@ -210,20 +345,21 @@ def _check_runs(sweep: Sweep) -> None:
     keys, points = list(sweep.grid), itertools.product(*sweep.grid.values())
     seen = {}
     runs = []
+    given = f" (with --set {' '.join(format_overrides(sweep.overrides))})" if sweep.overrides else ""
     for values in points:
         parameters = {**sweep.base, **dict(zip(keys, values))}
         try:
             study_config = _study_config(STUDIES[sweep.study].config, parameters)
         except (TypeError, ValueError) as error:
-            raise type(error)(f"{sweep.path}: run {run_id(parameters)} ({describe_parameters(parameters, keys)}): "
-                              f"{error}") from None
+            raise type(error)(f"{sweep.path}{given}: run {run_id(parameters, sweep.overrides)} "
+                              f"({describe_parameters(parameters, keys)}): {error}") from None
         config = study_config.to_dict()  # every setting of the run, flat, defaults included
         text = canonical_config(config)
         if text in seen:
             raise ValueError(f"{sweep.path}: the grid points ({describe_parameters(seen[text], keys)}) and "
                              f"({describe_parameters(parameters, keys)}) make the same run; list each value once")
         seen[text] = parameters
-        runs.append(Run(run_id(parameters), parameters, config, study_config))
+        runs.append(Run(run_id(parameters, sweep.overrides), parameters, config, study_config))
     sweep._runs = runs
 
 

@@ -24,8 +24,9 @@ Target from the issue, on one H100: triton at least 0.8x the flash backend's for
 at L >= 4096; ``summary`` says which rows meet it.
 
 On the CPU (under Triton's interpreter) it runs with tiny sizes as a smoke test only; its times mean nothing.
-``python -m mha.kernels.benchmark --out results.json`` runs the default configuration on CUDA; ``python -m mha.bench
---sections kernels`` runs it as a section of the package's benchmarks.
+``python -m mha.kernels.benchmark --out results.json`` runs the default configuration on CUDA, writing the file again
+after every row (``"complete": false`` until the last), so that a run cut short keeps the rows it finished;
+``python -m mha.bench --sections kernels`` runs it as a section of the package's benchmarks.
 
 Book: part II, "From the recurrence to a kernel" (what was not measured there); appendix *Benchmarks*.
 """
@@ -217,7 +218,8 @@ def _summary(rows: list[dict]) -> dict:
     return result
 
 
-def run_benchmark(device="cuda", config: KernelBenchConfig | None = None, progress: bool = False) -> dict:
+def run_benchmark(device="cuda", config: KernelBenchConfig | None = None, progress: bool = False,
+                  on_row=None) -> dict:
     """Time triton vs the flash backend vs naive for every (dtype, L, head_dim, causal, pass) of ``config``.
 
     Returns a JSON-serialisable dict: ``device`` (:func:`mha.experiments.machine.machine_record`, with
@@ -225,15 +227,27 @@ def run_benchmark(device="cuda", config: KernelBenchConfig | None = None, progre
     ``matmul_size`` square product in the first dtype), ``rows`` (one per case: shapes, FLOPs, seconds and
     quartiles, TFLOP/s and fraction of the matmul rate for each contender, ``triton_speed_vs_flash_backend`` and
     ``triton_speed_vs_naive`` as medians of per-repeat ratios, ``notes`` for contenders that were skipped or could
-    not run), ``targets`` and ``summary``.
+    not run), ``targets``, ``summary`` and ``complete`` (True). ``on_row``: called after every row with the
+    result so far (the same dict, ``complete`` False until the last row), e.g. to write it to disk.
 
     Book: part II, "From the recurrence to a kernel".
     """
     config = config or KernelBenchConfig()
+    if on_row is not None and not callable(on_row):
+        raise TypeError(f"on_row must be a function of the result so far, or None; got {on_row!r} of type "
+                        f"{type(on_row).__name__}")
     device = torch.device(device)
     dtypes = [getattr(torch, name) for name in config.dtypes]
     peak_rate = matmul_rate(device, dtypes[0], config.matmul_size, config)
+    machine = machine_record(device) | {"interpreted": is_interpreted()}
+    total = len(dtypes) * len(config.head_dims) * len(config.seq_lens) * len(config.causal) * len(config.passes)
     rows = []
+
+    def result() -> dict:
+        return {"device": machine, "config": dataclasses.asdict(config), "matmul_rate_flops": peak_rate,
+                "matmul_dtype": config.dtypes[0], "rows": list(rows), "targets": TARGETS, "summary": _summary(rows),
+                "complete": len(rows) == total}
+
     for dtype in dtypes:
         for head_dim in config.head_dims:
             for seq_len in config.seq_lens:
@@ -248,13 +262,14 @@ def run_benchmark(device="cuda", config: KernelBenchConfig | None = None, progre
                                   file=sys.stderr, flush=True)
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
-    return {"device": machine_record(device) | {"interpreted": is_interpreted()},
-            "config": dataclasses.asdict(config), "matmul_rate_flops": peak_rate, "matmul_dtype": config.dtypes[0],
-            "rows": rows, "targets": TARGETS, "summary": _summary(rows)}
+                        if on_row is not None:
+                            on_row(result())
+    return result()
 
 
 def main(argv=None) -> dict:
-    """``python -m mha.kernels.benchmark [--out FILE] [--quick]``: the default configuration on CUDA."""
+    """``python -m mha.kernels.benchmark [--out FILE] [--quick]``: the default configuration on CUDA; with ``--out``
+    the file is written again after every row (``"complete": false`` until the last)."""
     parser = argparse.ArgumentParser(prog="python -m mha.kernels.benchmark", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here (default: print it)")
     parser.add_argument("--quick", action="store_true", help="QUICK: L in (512, 4096), head_dim 64, 5 repeats")
@@ -262,7 +277,8 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("the kernel benchmark needs a CUDA GPU (on the CPU, Triton only interprets: see "
                          "tests/test_kernels.py for the smoke run)")
-    result = run_benchmark("cuda", QUICK if args.quick else KernelBenchConfig(), progress=True)
+    save = (lambda partial: save_json(partial, args.out)) if args.out else None
+    result = run_benchmark("cuda", QUICK if args.quick else KernelBenchConfig(), progress=True, on_row=save)
     if args.out:
         save_json(result, args.out)
     else:
