@@ -6,6 +6,8 @@ A run's configuration is composed of two parts and the run's own settings:
 
 - :class:`ModelConfig`, the model's architecture (:class:`~mha.experiments.model.TransformerConfig` adds the task's
   ``vocab_size`` and ``block_size`` to it, and is what :class:`~mha.experiments.model.TinyTransformer` is built from);
+  :class:`ModernModelConfig` adds the attention options of today's models (sliding windows with local/global layers,
+  learned sink logits, RoPE; book part IV), and is the model part of the studies that may set them (``shakespeare``);
 - :class:`TrainConfig`, the training (what :func:`mha.experiments.train.train` takes);
 - :class:`RunConfig`: the task, those two parts (``config.model``, ``config.train``) and how to run. Each study adds
   its own settings in a subclass and may change a default: :class:`TrainRun` (one training run, optionally timing
@@ -19,6 +21,13 @@ Sweep files, ``results.csv`` and the notebooks' ``overrides`` use flat names (``
 puts each where it belongs, over the study's defaults; :meth:`RunConfig.to_dict` gives the flat dict back (what a
 results row records), and ``config.n_heads`` reads ``config.model.n_heads``. A sweep's ``run_id`` is a hash of the
 flat names and values it sets, so it does not depend on how this module arranges them.
+
+A setting added after results were committed is declared with :func:`since`: the value it names is the one every
+earlier run had without a setting for it, and :meth:`RunConfig.to_dict` leaves the setting out while it has that
+value. The configuration an earlier run recorded is then still exactly what the code gives for it now (the runner
+compares the two as text), and a run that sets the new option records it. The value left out is fixed in
+:func:`since`, not read from the current default: were the default changed later, runs at the new default would record
+it, and the runner would see that the committed runs differ.
 
 Every field is checked once, when its part is made: its type from its annotation, its range (an integer >= 1, a
 real number >= 0, unless the field says otherwise), then the checks that involve more than one field. A bad value
@@ -39,8 +48,8 @@ from dataclasses import dataclass, field, fields, replace
 
 from mha._checks import check_bool, check_choice, check_float, check_int, check_type, head_shape
 
-__all__ = ["ModelConfig", "TrainConfig", "RunConfig", "TrainRun", "HeadsRun", "DynamicsRun", "ShakespeareRun",
-           "PRECISIONS", "attn_impls"]
+__all__ = ["ModelConfig", "ModernModelConfig", "TrainConfig", "RunConfig", "TrainRun", "HeadsRun", "DynamicsRun",
+           "ShakespeareRun", "PRECISIONS", "attn_impls", "since", "layer_windows"]
 
 PRECISIONS = ("float32", "bfloat16")  # the trainer's forward passes: plain, or under torch.autocast(bfloat16)
 
@@ -78,6 +87,25 @@ def bounded(default, **bounds):
     :func:`~mha._checks.check_float`'s keyword arguments, in place of the usual (an integer >= 1, a real number
     >= 0)."""
     return field(default=default, metadata={"bounds": bounds})
+
+
+def since(value, **bounds):
+    """A setting added after results were committed, with default ``value``: the value every earlier run had without
+    a setting for it. :meth:`RunConfig.to_dict` records the setting only when it differs from ``value`` (see the
+    module's docstring). ``bounds``: as :func:`bounded`'s, else the usual range."""
+    metadata = {"unrecorded": value}
+    if bounds:
+        metadata["bounds"] = bounds
+    return field(default=value, metadata=metadata)
+
+
+def _unrecorded(f: dataclasses.Field, value) -> bool:
+    """True when ``value`` of field ``f`` is the value that its :func:`since` leaves out of the recorded
+    configuration (same type and value: ``0`` is not ``False``, ``1`` not ``1.0``)."""
+    if "unrecorded" not in f.metadata:
+        return False
+    old = f.metadata["unrecorded"]
+    return value is None if old is None else type(value) is type(old) and value == old
 
 
 def part(cls, **defaults):
@@ -122,6 +150,49 @@ class ModelConfig(_Checked):
     def _check_values(self, owner: str) -> None:
         head_shape(self.d_model, self.n_heads, self.n_kv_heads, self.head_dim)  # g divides h, head_dim, ...
         check_choice(f"{owner}.attn_impl", self.attn_impl, attn_impls())
+
+
+@dataclass(frozen=True)
+class ModernModelConfig(ModelConfig):
+    """:class:`ModelConfig` and the attention options of today's models (book part IV, "Sliding windows and attention
+    sinks" and "Windows and sinks, measured"), each passed to :class:`mha.MultiHeadAttention`. With their defaults the
+    model is exactly the :class:`ModelConfig` model (same modules, parameters and initialisation), and none of them is
+    recorded (:func:`since`): the committed runs of the studies that take this part keep their configurations."""
+
+    # the sliding window of the local layers: each query sees the `window` most recent keys, itself included (book
+    # part IV's convention); None: no window, every layer global (full causal attention)
+    window: int | None = since(None)
+    # with a window, every global_every-th layer (layers k - 1, 2k - 1, ... for k = global_every) is global, the others
+    # local: 2 alternates local, global, ... (gpt-oss), 6 is Gemma 3's five local layers per global one; None: every
+    # layer local
+    global_every: int | None = since(None)
+    sinks: bool = since(False)  # one learned sink logit per head in every layer (gpt-oss's), starting at 0
+    # RoPE with this base in every layer's heads, in place of the learned position table (10000 in Llama 2); None:
+    # the learned absolute position embedding (nanoGPT's)
+    rope_base: float | None = since(None, minimum=0.0, min_inclusive=False)
+
+    def _check_values(self, owner: str) -> None:
+        super()._check_values(owner)
+        if self.global_every is not None:
+            if self.window is None:
+                raise ValueError(f"{owner}.global_every ({self.global_every}) needs a window: without one every layer "
+                                 f"is global already")
+            if not 2 <= self.global_every <= self.n_layers:
+                raise ValueError(f"{owner}.global_every must be between 2 and n_layers ({self.n_layers}), got "
+                                 f"{self.global_every}: 1 would make every layer global, more than n_layers none")
+        if self.rope_base is not None:
+            head_dim = self.head_dim or self.d_model // self.n_heads
+            if head_dim % 2:
+                raise ValueError(f"{owner}.rope_base needs an even head size (RoPE rotates pairs), got head_dim "
+                                 f"{head_dim}")
+
+
+def layer_windows(model: ModelConfig) -> list[int | None]:
+    """Each layer's window, bottom to top: ``model.window`` for a local layer, None for a global one (every layer of a
+    :class:`ModelConfig` without the options of :class:`ModernModelConfig` is global)."""
+    window, every = getattr(model, "window", None), getattr(model, "global_every", None)
+    return [None if window is None or (every is not None and (i + 1) % every == 0) else window
+            for i in range(model.n_layers)]
 
 
 @dataclass(frozen=True)
@@ -221,13 +292,14 @@ class RunConfig(_Checked):
 
     def to_dict(self) -> dict:
         """Every flat setting and its value, in :meth:`settings`' order (what a results row records as the run's
-        configuration)."""
+        configuration); a setting declared with :func:`since` only where it differs from the value it names."""
         flat = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if "part" in f.metadata:
-                flat.update((g.name, getattr(value, g.name)) for g in fields(value))
-            else:
+                flat.update((g.name, getattr(value, g.name)) for g in fields(value)
+                            if not _unrecorded(g, getattr(value, g.name)))
+            elif not _unrecorded(f, value):
                 flat[f.name] = value
         return flat
 
@@ -334,7 +406,8 @@ class ShakespeareRun(RunConfig):
     batches, and samples. The defaults are smoke-sized; the sweep files set nanoGPT's configurations."""
 
     task: str = "shakespeare"
-    model: ModelConfig = part(ModelConfig, n_layers=1, n_heads=2, bias=False)  # nanoGPT's default: no biases
+    # nanoGPT's default: no biases; the attention options of part IV may be set (ModernModelConfig)
+    model: ModernModelConfig = part(ModernModelConfig, n_layers=1, n_heads=2, bias=False)
     # steps: nanoGPT's max_iters and lr_decay_iters; eval_batches: its eval_iters
     train: TrainConfig = part(TrainConfig, steps=30, batch_size=8, lr=1e-3, min_lr=1e-4, warmup_steps=5, beta2=0.99,
                               eval_interval=10, eval_batches=2)
@@ -343,6 +416,10 @@ class ShakespeareRun(RunConfig):
     sample_chars: int = 50  # characters per generated sample
     sample_temperature: float = bounded(0.8, minimum=0.0, min_inclusive=False)  # nanoGPT's sample.py default
     sample_top_k: int = 200  # nanoGPT's sample.py default (more than the 65 characters: no truncation)
+    # held-out batches on which, after training, each head's attention to the first position and its sink logit's
+    # share are measured (mha.experiments.probes.first_token_attention; queries in the second half of the context);
+    # 0: not measured
+    sink_probe_batches: int = since(0, minimum=0)
 
     study = "shakespeare"
 
@@ -354,6 +431,11 @@ class ShakespeareRun(RunConfig):
 
     def task_kwargs_with_seed(self) -> dict:
         return {**self.task_kwargs, "block_size": self.block_size, "seed": self.train.seed}
+
+
+for _f in fields(ModernModelConfig):  # config.window reads config.model.window (the studies whose part has it)
+    if not hasattr(ShakespeareRun, _f.name):
+        setattr(ShakespeareRun, _f.name, _read_through("model", _f.name))
 
 
 # ------------------------------------------------------------------------------------------------ field checks

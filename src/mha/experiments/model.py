@@ -10,6 +10,11 @@ tied to the token embedding; normal(0, 0.02) initialisation with the residual pr
 1 / sqrt(2 n_layers). The attention is :class:`mha.attention.MultiHeadAttention`, so the same model runs as MHA,
 GQA or MQA (``n_kv_heads``), with or without the 1/sqrt(head_dim) scale (``scale_scores``), and can switch heads off
 (``head_mask``) or return every layer's attention weights (``need_weights``).
+
+Built from a :class:`ModernTransformerConfig` (a run whose model part is a
+:class:`~mha.experiments.config.ModernModelConfig`), the blocks take the attention options of today's models (book
+part IV): a sliding window in the local layers, with every ``global_every``-th layer global; one learned sink logit
+per head; RoPE in every head in place of the learned position table. Their defaults build exactly the model above.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from torch import nn
 from mha import counting
 from mha._checks import check_bool, check_float, check_int, check_shape, check_type
 from mha.convert import gqa_to_mha
-from mha.experiments.config import ModelConfig
+from mha.experiments.config import ModelConfig, ModernModelConfig, layer_windows
 from mha.attention import MultiHeadAttention
 from mha.kv_cache import KVCache
 
-__all__ = ["TransformerConfig", "TinyTransformer", "MLP", "Block", "expand_kv_heads"]
+__all__ = ["TransformerConfig", "ModernTransformerConfig", "TinyTransformer", "MLP", "Block", "expand_kv_heads"]
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,21 @@ class TransformerConfig(ModelConfig):
 
     @classmethod
     def for_task(cls, model: ModelConfig, task) -> TransformerConfig:
-        """``model``'s architecture with ``task``'s vocab_size and block_size."""
+        """``model``'s architecture with ``task``'s vocab_size and block_size (a :class:`ModernTransformerConfig`
+        when ``model`` is a :class:`~mha.experiments.config.ModernModelConfig`)."""
         check_type("model", model, ModelConfig, "a ModelConfig (mha.experiments.config)")
-        return cls(**{f.name: getattr(model, f.name) for f in fields(ModelConfig)}, vocab_size=task.vocab_size,
-                   block_size=task.block_size)
+        part, target = ModelConfig, cls
+        if isinstance(model, ModernModelConfig):
+            part, target = ModernModelConfig, ModernTransformerConfig
+        return target(**{f.name: getattr(model, f.name) for f in fields(part)}, vocab_size=task.vocab_size,
+                      block_size=task.block_size)
+
+
+@dataclass(frozen=True)
+class ModernTransformerConfig(TransformerConfig, ModernModelConfig):
+    """A :class:`TransformerConfig` with the attention options of
+    :class:`~mha.experiments.config.ModernModelConfig` (window, global_every, sinks, rope_base; their defaults and
+    checks)."""
 
 
 class MLP(nn.Module):
@@ -64,15 +80,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) (no MLP if attention_only)."""
+    """One pre-LayerNorm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) (no MLP if attention_only).
 
-    def __init__(self, config: TransformerConfig):
+    ``window``: this block's sliding window (a local layer), or None (a global one); the config's ``sinks`` and
+    ``rope_base``, when it has them, go to the attention as they are."""
+
+    def __init__(self, config: TransformerConfig, window: int | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.attn = MultiHeadAttention(
             config.d_model, config.n_heads, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
             bias=config.bias, dropout=config.dropout, impl=config.attn_impl,
-            scale=None if config.scale_scores else 1.0)
+            scale=None if config.scale_scores else 1.0, window=window, sinks=getattr(config, "sinks", False),
+            rope_base=getattr(config, "rope_base", None))
         self.resid_dropout = nn.Dropout(config.dropout)
         if config.attention_only:
             self.ln_2, self.mlp = None, None
@@ -101,9 +121,12 @@ class TinyTransformer(nn.Module):
             raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        # with RoPE the heads rotate q and k by position (part IV): no learned position table
+        rope = getattr(config, "rope_base", None) is not None
+        self.pos_emb = None if rope else nn.Embedding(config.block_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layers)])
+        self.windows = layer_windows(config)  # each layer's window (None: global)
+        self.blocks = nn.ModuleList([Block(config, window) for window in self.windows])
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.tok_emb.weight = self.lm_head.weight  # weight tying, as nanoGPT
@@ -135,26 +158,34 @@ class TinyTransformer(nn.Module):
         being the lm head's weight too). Book: part II, "Counting everything".
         """
         n = sum(p.numel() for p in self.parameters())
-        return n - self.pos_emb.weight.numel() if non_embedding else n
+        return n - self.pos_emb.weight.numel() if non_embedding and self.pos_emb is not None else n
 
     def kv_cache_bytes(self, batch: int, seq_len: int, dtype_bytes: int | None = None) -> int:
         """Bytes of the KV cache for ``batch`` sequences of ``seq_len`` positions over all layers.
 
         ``dtype_bytes`` defaults to the size of the model's parameter dtype (4 for float32). Computed by
-        :func:`mha.counting.kv_cache_bytes`. Book: part II, "Autoregressive decoding and the KV cache".
+        :func:`mha.counting.kv_cache_bytes`, once for the global layers and once for the local ones (which keep
+        their window). Book: part II, "Autoregressive decoding and the KV cache"; part IV, "Sliding windows and
+        attention sinks".
         """
         if dtype_bytes is None:
             dtype_bytes = self.lm_head.weight.element_size()
-        return counting.kv_cache_bytes(batch, seq_len, self.config.n_layers, self.n_kv_heads, self.head_dim,
-                                       dtype_bytes)
+        n_global = sum(window is None for window in self.windows)
+        total = 0
+        if n_global:
+            total += counting.kv_cache_bytes(batch, seq_len, n_global, self.n_kv_heads, self.head_dim, dtype_bytes)
+        if n_global < len(self.windows):
+            local = next(window for window in self.windows if window is not None)
+            total += counting.kv_cache_bytes(batch, seq_len, len(self.windows) - n_global, self.n_kv_heads,
+                                             self.head_dim, dtype_bytes, window=local)
+        return total
 
     def make_kv_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer, with the model's dtype and device; ``max_len`` <= block_size."""
+        """One empty :class:`KVCache` per layer, with the model's dtype and device; ``max_len`` <= block_size. A
+        local layer's cache is a ring buffer of its window (``MultiHeadAttention.new_cache``)."""
         max_len = self.config.block_size if max_len is None else max_len
         check_int("max_len", max_len, minimum=1, maximum=self.config.block_size)  # no positions beyond block_size
-        weight = self.lm_head.weight
-        return [KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype=weight.dtype, device=weight.device)
-                for _ in range(self.config.n_layers)]
+        return [block.attn.new_cache(batch_size, max_len) for block in self.blocks]
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, idx, targets=None, need_weights=False, head_mask=None, kv_caches=None):
@@ -178,8 +209,10 @@ class TinyTransformer(nn.Module):
         on the CPU: a call never waits for an accelerator to hand its tensors back.
         """
         n_seq, length, offset = self._check_forward_inputs(idx, targets, head_mask, kv_caches)
-        positions = torch.arange(offset, offset + length, device=idx.device)  # (L,)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))  # (N, L, d_model)
+        x = self.tok_emb(idx)  # (N, L, d_model)
+        if self.pos_emb is not None:  # (with RoPE the heads place the positions, offset by the caches' length)
+            x = x + self.pos_emb(torch.arange(offset, offset + length, device=idx.device))  # positions (L,)
+        x = self.drop(x)  # (N, L, d_model)
         all_weights = [] if need_weights else None
         try:
             for i, block in enumerate(self.blocks):

@@ -1,9 +1,11 @@
 """Measurements taken while a model trains: score statistics, attention entropy, the loss on each half of a repeated
-sequence, induction and previous-token scores, head ablations and loss spikes.
+sequence, induction and previous-token scores, head ablations and loss spikes; after training, the attention each head
+gives the first token and its sink logit.
 
 Book: part III, "Induction heads" (the loss on the first copy and on the repeat, induction scores over training,
 head ablations) and "The scaling ablation" (per-step gradient norms, loss spikes, pre-softmax score statistics
-against part I's variance prediction, attention entropy).
+against part I's variance prediction, attention entropy); part IV, "Windows and sinks, measured"
+(:func:`first_token_attention`).
 
 :class:`DynamicsProbe` is a :class:`~mha.experiments.train.Hook`: it records every step's loss and gradient norm and
 probes the model at step 0 and at every evaluation.
@@ -18,13 +20,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mha._checks import check_int, check_type
 from mha.attention import causal_mask
 from mha.experiments.analysis import induction_score, previous_token_score
 from mha.experiments.model import TinyTransformer
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import Hook
 
-__all__ = ["split_losses", "attention_probe", "head_ablations", "count_spikes", "DynamicsProbe"]
+__all__ = ["split_losses", "attention_probe", "head_ablations", "count_spikes", "DynamicsProbe",
+           "first_token_attention"]
 
 
 @torch.no_grad()
@@ -124,6 +128,54 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
                               induction=[induction_score(w, period).tolist() for w in weights]))
     model.train(was_training)
     return ablations
+
+
+@torch.no_grad()
+def first_token_attention(model: TinyTransformer, batches, min_position: int | None = None) -> dict:
+    """Where each head's attention goes from queries far from the start of the text: per layer and head, the mean
+    weight on position 0 (the first token's attention mass) and, in a model with sink logits, the mean sink
+    probability ``p_sink = 1 - sum_j a_ij`` (book part IV, eq. ``sink-softmax``), both over every query at a position
+    ``>= min_position`` of every sequence of ``batches``.
+
+    ``batches``: token ids (N, L), or ``(x, y)`` pairs as a task's ``get_batch`` gives them (y is not read), all of
+    one length L. ``min_position`` defaults to L // 2 (the second half of the context).
+
+    Returns a dict: ``first_token`` (n_layers, h) and ``sink`` (n_layers, h) or None (no sink logits), as nested
+    lists; ``sink_logits`` (n_layers, h), the learned logits z, or None; ``uniform``, the first-token mass that
+    uniform causal attention would give over the same queries (the mean of 1 / (p + 1)); ``min_position``;
+    ``length`` (L); ``queries`` (how many query rows each number averages).
+    """
+    check_type("model", model, TinyTransformer, "a TinyTransformer")
+    xs = [batch[0] if isinstance(batch, (tuple, list)) else batch for batch in batches]
+    if not xs or not all(isinstance(x, torch.Tensor) and x.ndim == 2 for x in xs):
+        raise ValueError("batches must be a non-empty list of (N, L) token-id tensors or (x, y) pairs")
+    length = xs[0].shape[1]
+    if any(x.shape[1] != length for x in xs):
+        raise ValueError(f"every batch must have the same length L, got {sorted({x.shape[1] for x in xs})}")
+    min_position = length // 2 if min_position is None else check_int("min_position", min_position, minimum=1,
+                                                                        maximum=length - 1)
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    first = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    sink = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    rows = 0
+    was_training = model.training
+    model.eval()
+    try:
+        for x in xs:
+            _, _, weights = model(x, need_weights=True)  # n_layers x (N, h, L, L)
+            for layer, w in enumerate(weights):
+                far = w[:, :, min_position:, :].double()  # (N, h, L - min_position, L)
+                first[layer] += far[..., 0].sum(dim=(0, 2)).cpu()  # (h,)
+                sink[layer] += (1.0 - far.sum(dim=-1)).sum(dim=(0, 2)).cpu()  # (h,): p_sink = 1 - row sum
+            rows += x.shape[0] * (length - min_position)
+    finally:
+        model.train(was_training)
+    has_sinks = model.blocks[0].attn.sinks is not None
+    logits = [block.attn.sinks.detach().double().cpu().tolist() for block in model.blocks] if has_sinks else None
+    positions = torch.arange(min_position, length, dtype=torch.float64)
+    return dict(first_token=(first / rows).tolist(), sink=(sink / rows).tolist() if has_sinks else None,
+                sink_logits=logits, uniform=float((1.0 / (positions + 1)).mean()), min_position=min_position,
+                length=length, queries=rows)
 
 
 def count_spikes(losses, start: int, window: int, sigmas: float) -> int:

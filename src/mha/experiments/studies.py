@@ -28,7 +28,8 @@ from mha.experiments.io import artifacts_dir as default_artifacts_dir
 from mha.experiments.io import rounded, save_json
 from mha.experiments.machine import machine_info, machine_load, seed_everything, set_threads
 from mha.experiments.model import TinyTransformer
-from mha.experiments.probes import DynamicsProbe, count_spikes, fixed_period_probe, head_ablations
+from mha.experiments.probes import (DynamicsProbe, count_spikes, first_token_attention, fixed_period_probe,
+                                   head_ablations)
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import evaluate, measure_decode_time, train
 
@@ -320,9 +321,12 @@ def _saved_attention(model: TinyTransformer, task, final: dict, seed: int) -> di
 # ----------------------------------------------------------------------------------------------- shakespeare
 def run_shakespeare(config: ShakespeareRun, out_dir=None, artifacts_dir=None) -> dict:
     """nanoGPT's character model: train, measure the loss on ``final_eval_batches`` fresh batches of each split (with
-    its standard error), and sample text (greedy, and at ``sample_temperature`` with top-k).
+    its standard error), and sample text (greedy, and at ``sample_temperature`` with top-k). With
+    ``sink_probe_batches``, then measure each head's attention to the first token and its sink logit's share on that
+    many fresh held-out batches (:func:`~mha.experiments.probes.first_token_attention`; artifact ``sinks.json``).
 
-    Book: part III, "A nanoGPT-comparable character model". ``train_wall_s`` is the trainer's wall time (model
+    Book: part III, "A nanoGPT-comparable character model"; part IV, "Windows and sinks, measured" (the attention
+    options of :class:`~mha.experiments.config.ModernModelConfig`). ``train_wall_s`` is the trainer's wall time (model
     construction, steps and periodic evaluations, as nanoGPT's timing); ``total_wall_s`` adds loading the text.
     Returns {"metrics", "model", "task", "samples"}.
     """
@@ -355,6 +359,14 @@ def run_shakespeare(config: ShakespeareRun, out_dir=None, artifacts_dir=None) ->
     _record_machine(metrics, config, device)
     artifacts = {"samples": dict(history=metrics["history"], prompt="\n", temperature=config.sample_temperature,
                                  top_k=config.sample_top_k, **samples)}
+    if config.sink_probe_batches:  # after everything above: the batches it draws change nothing measured before
+        probe_batches = [task.get_batch("val", config.train.batch_size, device)
+                         for _ in range(config.sink_probe_batches)]
+        sinks = first_token_attention(model, probe_batches)
+        artifacts["sinks"] = sinks
+        first_token = np.array(sinks["first_token"])  # (n_layers, h)
+        metrics.update(first_token_mass_mean=float(first_token.mean()), first_token_mass_max=float(first_token.max()),
+                       sink_probability_mean=None if sinks["sink"] is None else float(np.mean(sinks["sink"])))
     _finish(metrics, out_dir, artifacts, artifacts_path, compact=False)
     return dict(metrics=metrics, model=model, task=task, samples=samples)
 
