@@ -1,10 +1,11 @@
 """Shared by the tests: random parameter dicts in the reference convention (W_q, W_k, W_v, W_o, b_*), random
-tensors, mha.MultiHeadAttention modules with random weights, papermill notebooks, and a repository whose train
-template runs in a kernel's start-up time."""
+tensors, mha.MultiHeadAttention modules with random weights, papermill notebooks, a repository whose train template
+runs in a kernel's start-up time, and a sweep runner whose runs take no time (the fixture fake_runs)."""
 
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from mha import MultiHeadAttention
@@ -37,6 +38,18 @@ def torch_mha_module(p, d_model, n_heads):
         mha.out_proj.weight.copy_(t(p["W_o"]).T)
         mha.out_proj.bias.copy_(t(p["b_o"]))
     return mha
+
+
+def replaced(params: dict, **entries) -> dict:
+    """A copy of a parameter dict with some entries replaced (value None = removed): the bad-input tables' way of
+    making a broken ``params``."""
+    p = dict(params)
+    for key, value in entries.items():
+        if value is None:
+            p.pop(key)
+        else:
+            p[key] = value
+    return p
 
 
 def make(d_model=16, n_heads=4, seed=0, dtype=torch.float64, device="cpu", **kwargs):
@@ -105,3 +118,19 @@ def write_train_template(sweep_file, body: str = ""):
                    "['transport']}\n"
                    "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(metrics))")
     return sweep_file
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """Runs that take no time: each call to the sweep runner's ``execute_run`` is recorded (its run id) and returns a
+    fixed loss. A test module uses it with ``from _params import fake_runs``."""
+    from mha.experiments import sweep
+
+    calls = []
+
+    def fake_execute_run(sweep_, run, runs_dir, executor="notebook", kernel="python3"):
+        calls.append(run.run_id)
+        return {"status": "ok", "error": "", "val_loss": 1.25}
+
+    monkeypatch.setattr(sweep, "execute_run", fake_execute_run)
+    return calls

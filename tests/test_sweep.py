@@ -16,7 +16,7 @@ from mha.experiments.results import REQUIRED_COLUMNS, Results
 from mha.experiments.sweep import run_sweep
 from mha.experiments.sweep_file import command, load_sweep
 
-from _params import write_train_template
+from _params import fake_runs, write_train_template  # noqa: F401 - fake_runs is a fixture
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NOTEBOOK = REPO / "experiments" / "notebooks" / "train.ipynb"
@@ -40,19 +40,6 @@ def quick_sweep(folder, base, grid):
     folder.mkdir()
     return write_train_template(write_sweep(folder, "train", base, grid),
                                 "if config['seed'] == 13:\n    raise RuntimeError('asked to fail')")
-
-
-@pytest.fixture
-def fake_runs(monkeypatch):
-    """Runs that take no time: each call is recorded and returns a fixed loss."""
-    calls = []
-
-    def fake_execute_run(sweep_, run, runs_dir, executor="notebook", kernel="python3"):
-        calls.append(run.run_id)
-        return {"status": "ok", "error": "", "val_loss": 1.25}
-
-    monkeypatch.setattr(sweep, "execute_run", fake_execute_run)
-    return calls
 
 
 BASE = {"task": "two_offset", "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1, "batch_size": 4,

@@ -11,6 +11,7 @@ The tests below the table check the edge cases these checks let through.
 import numpy as np
 import pytest
 
+from _params import replaced
 from mha import reference as R
 
 RNG = np.random.default_rng(24)
@@ -29,13 +30,7 @@ def mha(x_q=X, x_kv=None, params=P, **kw):
 
 def changed(**entries):
     """P with some entries replaced (value None = removed)."""
-    p = dict(P)
-    for key, value in entries.items():
-        if value is None:
-            p.pop(key)
-        else:
-            p[key] = value
-    return p
+    return replaced(P, **entries)
 
 
 CASES = [  # run by test_reference_errors.py

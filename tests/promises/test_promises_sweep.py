@@ -18,7 +18,7 @@ from mha.experiments.results import Results, SweepResults, plan, sweep_names
 from mha.experiments.sweep import ChangedRunsError, SweepBusyError, run_sweep
 from mha.experiments.sweep_file import load_sweep
 
-from _params import write_train_template
+from _params import fake_runs, write_train_template  # noqa: F401 - fake_runs is a fixture
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"task": "two_offset", "task_kwargs": {}, "n_heads": 2, "steps": 4, "eval_interval": 2, "eval_batches": 1,
@@ -33,19 +33,6 @@ def write(folder, study="train", base=BASE, grid=None, name="s", text=None):
         spec = {"name": name, "study": study, "base": base, "grid": grid or {"seed": [0, 1]}}
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
-
-
-@pytest.fixture
-def fake_runs(monkeypatch):
-    """Runs that take no time: each call is recorded and returns a fixed loss."""
-    calls = []
-
-    def fake_execute_run(sweep_, run, runs_dir, executor="notebook", kernel="python3"):
-        calls.append(run.run_id)
-        return {"status": "ok", "error": "", "val_loss": 1.25}
-
-    monkeypatch.setattr(sweep, "execute_run", fake_execute_run)
-    return calls
 
 
 # ------------------------------------------------------------------ 1. a row is trusted only for the run it records

@@ -9,6 +9,7 @@ import pkgutil
 import numpy as np
 import pytest
 
+from _params import replaced
 from mha import reference as R
 
 import test_promises_frontier_reference  # its table of issue 24's cases (today's models), run here too
@@ -22,13 +23,7 @@ Q, K, V = np.ones((3, 4)), np.ones((5, 4)), np.ones((5, 6))
 
 def with_params(**changes):
     """P with some entries replaced (value None = removed)."""
-    p = dict(P)
-    for key, value in changes.items():
-        if value is None:
-            p.pop(key)
-        else:
-            p[key] = value
-    return p
+    return replaced(P, **changes)
 
 
 def no_bias(**changes):

@@ -14,8 +14,8 @@ import numpy as np
 
 from mha import reference
 from mha.exercises.runner import _same
-from mha.exercises.simulators import (_MASK_BUGS, _SCALE_BUGS, _SOFTMAX_BUGS, _bug_scale, _is_01_mask, _sim_decode,
-                                      _sim_softmax, _variants)
+from mha.exercises.simulators import (_DECODE_BUGS, _MASK_BUGS, _SCALE_BUGS, _SOFTMAX_BUGS, _bug_scale, _is_01_mask,
+                                      _sim_decode, _sim_softmax, _variants)
 
 OTHER_STYLE = {"half": "interleaved", "interleaved": "half"}
 
@@ -111,17 +111,7 @@ def _rope_decode_bugs(style):
         ("rope_query_not_rotated", dict(rotate="k")),
         ("rope_key_not_rotated", dict(rotate="q")),
         ("rope_wrong_pairing", dict(pairing=OTHER_STYLE[style])),
-        ("causal_top_left", dict(mask="top_left")),
-        ("no_causal_mask", dict(mask="none")),
-        ("causal_one_future_key", dict(mask="one_future")),
-        ("cache_prepended", dict(order="prepend")),
-        ("new_position_not_attended", dict(attend_new=False)),
-        ("kv_map_tile", dict(kv_map="tile")),
-        ("scale_d_model", dict(scale_rule="d_model")),
-        ("no_scale", dict(scale_rule="none")),
-        ("cache_not_updated", dict(cache="none")),
-        ("cache_repeated_heads", dict(cache="repeated")),
-        ("no_max_subtraction", dict(shift="none")),
+        *_DECODE_BUGS,  # the bugs of a plain decoding step, passed on to simulators._sim_decode
     ]
 
 

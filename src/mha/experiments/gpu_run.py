@@ -343,6 +343,15 @@ class GpuRun:
             return True
         return False
 
+    def _already_done(self, name: str) -> bool:
+        """True (and recorded as skipped) when the record holds an ok row of ``name`` for this GPU."""
+        done = self.recorded(name)
+        if done:
+            detail = (f"already recorded for {self.gpu} on {done['date']} ({self.record_path.name}); "
+                      f"--again {name} reruns it")
+            self.outcomes.append(Outcome(name, "skipped", detail=detail))
+        return bool(done)
+
     def _no_time(self, name: str) -> bool:
         """True (and recorded as cut) when too little of the budget is left to start the step."""
         if self.left() < MIN_STEP_S:
@@ -376,14 +385,7 @@ class GpuRun:
     def bench(self) -> None:
         if self._skipped("bench"):
             return
-        if self.cuda:
-            done = self.recorded("bench")
-            if done:
-                self.outcomes.append(Outcome("bench", "skipped", detail=f"already recorded for {self.gpu} on "
-                                                                       f"{done['date']} ({self.record_path.name}); "
-                                                                       f"--again bench reruns it"))
-                return
-        if self._no_time("bench"):
+        if (self.cuda and self._already_done("bench")) or self._no_time("bench"):
             return
         if self.cuda:
             out = self.here("bench.json")
@@ -426,13 +428,7 @@ class GpuRun:
         if importlib.util.find_spec("triton") is None:
             self.outcomes.append(Outcome("kernels", "skipped", detail="Triton is not installed"))
             return
-        done = self.recorded("kernels")
-        if done:
-            self.outcomes.append(Outcome("kernels", "skipped", detail=f"already recorded for {self.gpu} on "
-                                                                     f"{done['date']} ({self.record_path.name}); "
-                                                                     f"--again kernels reruns it"))
-            return
-        if self._no_time("kernels"):
+        if self._already_done("kernels") or self._no_time("kernels"):
             return
         out = self.here("kernels.json")
         command = [self.python, "-m", "mha.kernels.benchmark", "--out", str(out)]
