@@ -294,3 +294,44 @@ def test_sign_flip_interval_at_five_seeds_is_unbounded_and_covers():
     assert 0.93 <= np.mean(covered) <= 0.995
     with pytest.raises(ValueError, match="pair one to one"):
         analysis.paired_sign_flip([1, 2, 3], [1, 2])
+
+
+def _max_t_by_loops(diffs):
+    """Westfall-Young max-T written out pattern by pattern, with the statistic |mean| / rms: an independent spelling
+    of analysis.max_t_adjusted (whose |s . d| / ||d|| is the same statistic times sqrt(n))."""
+    names = list(diffs)
+    n = len(diffs[names[0]])
+    stats_by_pattern = []
+    for signs in itertools.product((1, -1), repeat=n):
+        row = {}
+        for name in names:
+            d = diffs[name]
+            row[name] = abs(sum(s * x for s, x in zip(signs, d)) / n) / (sum(x * x for x in d) / n) ** 0.5
+        stats_by_pattern.append(row)
+    observed = stats_by_pattern[0]  # all signs +1
+    out = {}
+    for name in names:
+        t = observed[name] * (1 - 1e-12)
+        raw = sum(row[name] >= t for row in stats_by_pattern) / len(stats_by_pattern)
+        adjusted = sum(max(row.values()) >= t for row in stats_by_pattern) / len(stats_by_pattern)
+        out[name] = {"raw": raw, "adjusted": adjusted}
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_max_t_adjusted_against_loops_and_the_sign_flip_test(seed):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(6)
+    diffs = {"a": base + 0.8, "b": 0.9 * base + rng.standard_normal(6) * 0.3 + 0.2, "c": rng.standard_normal(6)}
+    got = analysis.max_t_adjusted(diffs)
+    expected = _max_t_by_loops({k: list(v) for k, v in diffs.items()})
+    for name in diffs:
+        assert got[name]["raw"] == pytest.approx(expected[name]["raw"], abs=1e-12)
+        assert got[name]["adjusted"] == pytest.approx(expected[name]["adjusted"], abs=1e-12)
+        assert got[name]["raw"] <= got[name]["adjusted"]  # a family never lowers a p-value
+        # the raw p is the test's own exact sign-flip p
+        assert got[name]["raw"] == pytest.approx(analysis.paired_sign_flip(diffs[name], np.zeros(6))["p_value"])
+    one = analysis.max_t_adjusted({"a": diffs["a"]})  # a family of one: nothing to adjust
+    assert one["a"]["adjusted"] == one["a"]["raw"]
+    with pytest.raises(ValueError, match="same number of paired differences"):
+        analysis.max_t_adjusted({"a": np.ones(6), "b": np.ones(5)})

@@ -44,7 +44,7 @@ __all__ = ["HEAD_CLASSES", "THRESHOLDS", "attention_maps", "offset_profile", "pr
            "induction_score", "repeat_induction_scores", "positional_score", "diffuse_score", "head_scores", "classify_heads",
            "js_divergence", "pairwise_head_js", "off_diagonal", "principal_angles", "subspace_overlap", "head_blocks",
            "pairwise_subspace_overlap", "head_importance", "single_head_ablation", "pruning_masks", "prune_curve",
-           "prunable_fraction", "paired_sign_flip"]
+           "prunable_fraction", "paired_sign_flip", "max_t_adjusted"]
 
 HEAD_CLASSES = ("induction", "previous-token", "diffuse", "positional", "other")
 """The classes of :func:`classify_heads`, in the order they are tried (the first whose score passes wins)."""
@@ -687,3 +687,30 @@ def paired_sign_flip(a, b, confidence: float = 0.95) -> dict:
         low, high = float(ends.min()), float(ends.max())
     return dict(mean=float(d.mean()), low=low, high=high, n=n, p_value=p_observed,
                 real=bool(p_observed <= alpha))
+
+
+def max_t_adjusted(diffs: dict) -> dict:
+    """Westfall-Young single-step max-T adjusted p-values for a family of paired tests on the same seeds.
+
+    ``diffs``: {name: the n paired differences, in the same seed order}. Every seed's sign is flipped jointly across
+    the family (all 2^n patterns, exactly), so the correlation between the tests is kept. Each test's statistic is
+    |s . d| / ||d||, which orders the patterns as its own sign-flip test does (||d|| does not change with the signs)
+    and puts the tests on one scale. A test's raw p is its own exact sign-flip p (:func:`paired_sign_flip`'s); its
+    adjusted p is the fraction of patterns whose largest statistic over the family reaches the test's observed one.
+    Returns {name: {"raw": p, "adjusted": p}}. Book: part IV, "Windows and sinks, measured".
+    """
+    names = list(diffs)
+    sizes = {k: np.asarray(diffs[k]).size for k in names}
+    if not names or len(set(sizes.values())) != 1:
+        raise ValueError(f"diffs must map each test to the same number of paired differences (the same seeds), got "
+                         f"sizes {sizes}")
+    X = np.array([np.asarray(diffs[k], dtype=float).ravel() for k in names])  # (k, n)
+    n = check_int("number of pairs", X.shape[1], minimum=2, maximum=14)
+    if not np.all(np.isfinite(X)):
+        raise ValueError("diffs must hold finite numbers")
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n); the first row is the observed
+    T = np.abs(signs @ X.T) / np.sqrt((X ** 2).sum(axis=1))  # (2^n, k)
+    tol = 1e-12 * T.max()
+    raw = (T >= T[0] - tol).mean(axis=0)
+    adjusted = np.array([(T.max(axis=1) >= t - tol).mean() for t in T[0]])
+    return {k: {"raw": float(r), "adjusted": float(a)} for k, r, a in zip(names, raw, adjusted)}
