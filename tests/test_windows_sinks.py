@@ -227,6 +227,17 @@ def test_first_token_attention_equals_the_reference(options):
     np.testing.assert_allclose(got["first_token"], first, atol=1e-12)
     assert got["queries"] == 2 * 3 * 6 and got["length"] == 16 and got["min_position"] == 10
     assert got["uniform"] == pytest.approx(np.mean([1 / (p + 1) for p in range(10, 16)]))
+    # the distance-matched baseline, spelled out query by query: w[p, 0] against the tokens at distance p after it
+    first_m, other_m = np.zeros((4, 4)), np.zeros((4, 4))
+    for r in rows:
+        for layer in range(4):
+            for n in range(3):
+                for p in range(10, 15):
+                    first_m[layer] += r[layer][n, :, p, 0]
+                    other_m[layer] += np.mean([r[layer][n, :, q, q - p] for q in range(p + 1, 16)], axis=0)
+    np.testing.assert_allclose(got["first_token_matched"], first_m / (2 * 3 * 5), atol=1e-12)
+    np.testing.assert_allclose(got["matched"], other_m / (2 * 3 * 5), atol=1e-12)
+    assert first_token_attention(model, batches, min_position=15)["matched"] is None  # no later query: no baseline
     if options.get("sinks"):
         np.testing.assert_allclose(got["sink"], sink, atol=1e-12)
         np.testing.assert_allclose(got["sink_logits"], [np.linspace(-1, 2, 4)] * 4, atol=1e-12)

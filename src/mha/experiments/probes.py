@@ -135,15 +135,22 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     """Where each head's attention goes from queries far from the start of the text: per layer and head, the mean
     weight on position 0 (the first token's attention mass) and, in a model with sink logits, the mean sink
     probability ``p_sink = 1 - sum_j a_ij`` (book part IV, eq. ``sink-softmax``), both over every query at a position
-    ``>= min_position`` of every sequence of ``batches``.
+    ``>= min_position`` of every sequence of ``batches``; and, beside it, a baseline matched for distance.
+
+    The matched baseline answers "is the first token special, or only far away?": a query at position p sees the
+    first token at distance p, and every later query q > p sees the token at position q - p >= 1 at that same
+    distance. For each probed position p <= L - 2, ``first_token_matched`` averages the weight on position 0 and
+    ``matched`` the mean weight on the tokens at distance p from the queries after p (the diagonal of the weights p
+    below the main one, without its first entry); p = L - 1 has no such token and is left out of both.
 
     ``batches``: token ids (N, L), or ``(x, y)`` pairs as a task's ``get_batch`` gives them (y is not read), all of
     one length L. ``min_position`` defaults to L // 2 (the second half of the context).
 
     Returns a dict: ``first_token`` (n_layers, h) and ``sink`` (n_layers, h) or None (no sink logits), as nested
     lists; ``sink_logits`` (n_layers, h), the learned logits z, or None; ``uniform``, the first-token mass that
-    uniform causal attention would give over the same queries (the mean of 1 / (p + 1)); ``min_position``;
-    ``length`` (L); ``queries`` (how many query rows each number averages).
+    uniform causal attention would give over the same queries (the mean of 1 / (p + 1)); ``first_token_matched`` and
+    ``matched`` (n_layers, h), the distance-matched pair above; ``min_position``; ``length`` (L); ``queries`` (how
+    many query rows each ``first_token`` number averages).
     """
     check_type("model", model, TinyTransformer, "a TinyTransformer")
     xs = [batch[0] if isinstance(batch, (tuple, list)) else batch for batch in batches]
@@ -157,6 +164,9 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     first = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     sink = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    first_matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    distances = range(min_position, length - 1)  # p = L - 1: no later query sees a token at that distance
     rows = 0
     was_training = model.training
     model.eval()
@@ -167,15 +177,22 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
                 far = w[:, :, min_position:, :].double()  # (N, h, L - min_position, L)
                 first[layer] += far[..., 0].sum(dim=(0, 2)).cpu()  # (h,)
                 sink[layer] += (1.0 - far.sum(dim=-1)).sum(dim=(0, 2)).cpu()  # (h,): p_sink = 1 - row sum
+                for p in distances:
+                    diagonal = torch.diagonal(w.double(), offset=-p, dim1=-2, dim2=-1)  # (N, h, L - p): w[p+i, i]
+                    first_matched[layer] += diagonal[..., 0].sum(dim=0).cpu()  # (h,): w[p, 0]
+                    matched[layer] += diagonal[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): mean of w[q, q-p]
             rows += x.shape[0] * (length - min_position)
     finally:
         model.train(was_training)
     has_sinks = model.blocks[0].attn.sinks is not None
     logits = [block.attn.sinks.detach().double().cpu().tolist() for block in model.blocks] if has_sinks else None
     positions = torch.arange(min_position, length, dtype=torch.float64)
+    rows_matched = sum(x.shape[0] for x in xs) * len(distances)  # one w[p, 0] per sequence and probed distance
     return dict(first_token=(first / rows).tolist(), sink=(sink / rows).tolist() if has_sinks else None,
-                sink_logits=logits, uniform=float((1.0 / (positions + 1)).mean()), min_position=min_position,
-                length=length, queries=rows)
+                sink_logits=logits, uniform=float((1.0 / (positions + 1)).mean()),
+                first_token_matched=(first_matched / rows_matched).tolist() if rows_matched else None,
+                matched=(matched / rows_matched).tolist() if rows_matched else None,
+                min_position=min_position, length=length, queries=rows)
 
 
 def count_spikes(losses, start: int, window: int, sigmas: float) -> int:
