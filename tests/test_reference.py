@@ -642,6 +642,8 @@ def test_the_package_keeps_the_public_api_of_the_single_module():
         "check_params", "Dims", "init_params",
         # issue 24, attention in today's models: appended after the single module's names
         "sliding_window_mask", "rope_frequencies", "rope", "rope_backward", "rms_norm", "rms_norm_backward",
+        # issue 25, multi-head latent attention
+        "multi_head_latent_attention", "multi_head_latent_attention_grad", "init_latent_params",
     ]
     for name in R.__all__:
         obj = getattr(R, name)

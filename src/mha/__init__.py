@@ -5,6 +5,7 @@ The core (book parts I and II)
 ``mha.reference``  NumPy float64 reference: softmax, attention, multi-head attention, hand-derived backward,
                    online-softmax attention.
 ``mha.attention``  ``MultiHeadAttention``: the PyTorch module (MHA, GQA, MQA; sdpa and naive paths).
+``mha.latent``     ``MultiHeadLatentAttention``: multi-head latent attention (DeepSeek-V2/V3), its latent-only cache.
 ``mha.kv_cache``   ``KVCache``: a preallocated key/value cache for autoregressive decoding (a ring buffer for sliding
                    windows, with StreamingLLM's sink tokens).
 ``mha.rope``       RoPE ("half" and "interleaved" pairs), QK-norm's RMSNorm and the sliding-window mask, for tensors.
@@ -41,9 +42,10 @@ _check_versions()
 _LAZY = {
     "MultiHeadAttention": "mha.attention",
     "KVCache": "mha.kv_cache",
+    "MultiHeadLatentAttention": "mha.latent",
 }
 _SUBMODULES = {"reference", "attention", "kv_cache", "rope", "counting", "convert", "exercises", "kernels",
-               "experiments"}
+               "experiments", "latent"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

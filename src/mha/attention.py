@@ -28,7 +28,10 @@ order: q = x W_q (+ b_q), k, v likewise; split into heads; QK-norm (``qk_norm``:
 Gemma 2); masks (the user's, causal, and the sliding ``window``: query p sees keys p - W < j <= p, W counting the
 query itself, gpt-oss's and Hugging Face's convention); softmax, with ``sinks`` (gpt-oss) one learned logit per
 query head joining each row's softmax and then dropped (rows sum to 1 - p_sink; a row with no allowed key puts all
-its weight on the sink and gives zero output); weights @ v; merge; W_o (+ b_o). A window is causal by itself, and
+its weight on the sink and gives zero output); weights @ v; the output gate (``gate``, gated attention, Qiu et al.
+2025, Qwen3-Next: each head's output times sigmoid(x_q W_gate + b_gate), one scalar per head and query "headwise" or
+one per coordinate "elementwise", from ``gate_proj``); merge; W_o (+ b_o). ``rope_dim`` (partial RoPE, Qwen3-Next's
+``partial_rotary_factor``) rotates only the first rope_dim coordinates of each head. A window is causal by itself, and
 ``rope_base``/``window`` are for self-attention (x_kv None). ``new_cache`` builds the cache the module needs (a ring
 buffer of ``window`` slots when it has a window; ``mha.kv_cache`` explains why it is exact).
 
@@ -55,6 +58,7 @@ from mha.rope import ROPE_STYLES, apply_rope, rms_norm, rope_cos_sin, window_mas
 __all__ = ["MultiHeadAttention", "causal_mask"]
 
 IMPLS = ("sdpa", "naive", "triton")
+GATES = (None, "headwise", "elementwise")  # the output gate: off, one per head and query, one per coordinate
 
 
 def causal_mask(l_q: int, l_kv: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -93,22 +97,30 @@ class MultiHeadAttention(nn.Module):
             needs an even head_dim.
         rope_style: "half" (pairs (x_i, x_{i+d/2}), Hugging Face's rotate_half) or "interleaved" (pairs
             (x_{2i}, x_{2i+1}), Meta's original code).
+        rope_dim: None (RoPE on the whole head) or an even number <= head_dim: RoPE of that size (theta_i =
+            base ** (-2 i / rope_dim)) on the first rope_dim coordinates of each head of q and k, the rest
+            unrotated (Hugging Face's partial rotary factor); needs rope_base.
         window: None or W >= 1: query at position p sees keys p - W < j <= p (itself included; causal).
         sinks: one learned sink logit per query head (parameter ``sinks``, (n_heads,), zeros at first).
         qk_norm: RMSNorm of q and k over head_dim (parameters ``q_norm``, ``k_norm``, (head_dim,), ones at first).
         qk_norm_eps: the RMSNorm's epsilon (> 0).
         softcap: None or c > 0: scores <- c * tanh(scores / c) before the masks.
+        gate: None, "headwise" or "elementwise": each head's attention output, before the merge and o_proj, times
+            sigmoid(gate_proj(x_q)), a Linear(d_model, n_heads) (one scalar per head and query) or
+            Linear(d_model, n_heads * head_dim) (one per coordinate, head i's in column block i), biased as ``bias``.
 
     Attributes: d_model, n_heads, n_kv_heads, head_dim, impl, dropout, and ``scale`` (the scale actually used,
-    a float: 1 / sqrt(head_dim) when the argument was None); rope_base (a float or None), rope_style, window,
-    softcap, qk_norm (bool), qk_norm_eps. Submodules q_proj, k_proj, v_proj, o_proj; parameters ``sinks``,
-    ``q_norm``, ``k_norm`` (None when off, and then absent from ``state_dict``).
+    a float: 1 / sqrt(head_dim) when the argument was None); rope_base (a float or None), rope_style, rope_dim (the
+    coordinates rotated: head_dim unless given; None without RoPE), window, softcap, qk_norm (bool), qk_norm_eps,
+    gate. Submodules q_proj, k_proj, v_proj, o_proj and gate_proj (None when off); parameters ``sinks``, ``q_norm``,
+    ``k_norm`` (None when off). What is off is absent from ``state_dict``.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, head_dim: int | None = None,
                  bias: bool = True, dropout: float = 0.0, impl: str = "sdpa", scale: float | None = None, *,
                  rope_base: float | None = None, rope_style: str = "half", window: int | None = None,
-                 sinks: bool = False, qk_norm: bool = False, qk_norm_eps: float = 1e-6, softcap: float | None = None):
+                 sinks: bool = False, qk_norm: bool = False, qk_norm_eps: float = 1e-6, softcap: float | None = None,
+                 gate: str | None = None, rope_dim: int | None = None):
         super().__init__()
         d_model, n_heads, n_kv_heads, head_dim = head_shape(d_model, n_heads, n_kv_heads, head_dim)
         check_choice("impl", impl, IMPLS)
@@ -121,9 +133,11 @@ class MultiHeadAttention(nn.Module):
         check_choice("rope_style", rope_style, ROPE_STYLES)
         if rope_base is not None:
             rope_base = check_float("rope_base", rope_base, minimum=0.0, min_inclusive=False)
-            if head_dim % 2:
+            if rope_dim is None and head_dim % 2:
                 raise ValueError(f"rope_base needs an even head_dim (RoPE rotates pairs of coordinates), got "
                                  f"head_dim={head_dim}")
+        rope_dim = _check_rope_dim(rope_dim, head_dim, rope_base)
+        check_choice("gate", gate, GATES)
         if window is not None:
             window = check_int("window", window, minimum=1)
         check_bool("sinks", sinks)
@@ -145,6 +159,8 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
         self.rope_base = rope_base  # None: no RoPE
         self.rope_style = rope_style  # "half" or "interleaved"
+        self.rope_dim = rope_dim  # coordinates RoPE rotates (head_dim unless partial), None without RoPE
+        self.gate = gate  # None, "headwise" or "elementwise"
         self.window = window  # None: no sliding window
         self.softcap = softcap  # None: no soft-capping
         self.qk_norm = bool(qk_norm)
@@ -153,23 +169,28 @@ class MultiHeadAttention(nn.Module):
         self.register_parameter("sinks", nn.Parameter(torch.zeros(n_heads)) if sinks else None)  # (h,)
         self.register_parameter("q_norm", nn.Parameter(torch.ones(head_dim)) if qk_norm else None)  # (head_dim,)
         self.register_parameter("k_norm", nn.Parameter(torch.ones(head_dim)) if qk_norm else None)  # (head_dim,)
+        gate_width = n_heads if gate == "headwise" else n_heads * head_dim
+        self.gate_proj = None if gate is None else nn.Linear(d_model, gate_width, bias=bias)  # last: others unchanged
         if impl == "triton":
             self._check_triton_options()
 
     def _options(self) -> list[str]:
         """The options of today's models that are on, in words ("rope_base=10000", "sinks=True", ...)."""
-        out = [] if self.rope_base is None else [f"rope_base={self.rope_base:g}, rope_style={self.rope_style!r}"]
+        out = [] if self.rope_base is None else [f"rope_base={self.rope_base:g}, rope_style={self.rope_style!r}"
+                                                 + (f", rope_dim={self.rope_dim}" if self.rope_dim < self.head_dim
+                                                    else "")]
         out += [] if self.window is None else [f"window={self.window}"]
         out += [] if self.sinks is None else ["sinks=True"]
         out += [f"qk_norm=True, qk_norm_eps={self.qk_norm_eps:g}"] if self.qk_norm else []
         out += [] if self.softcap is None else [f"softcap={self.softcap:g}"]
+        out += [] if self.gate is None else [f"gate={self.gate!r}"]
         return out
 
     def _check_triton_options(self) -> None:
         if self._options():
-            raise ValueError(f"impl='triton' (the package's FlashAttention kernel) takes none of rope_base, window, "
-                             f"sinks, qk_norm, softcap; got {', '.join(self._options())}: use impl='sdpa' or "
-                             f"impl='naive'")
+            raise ValueError(f"impl='triton' (the package's FlashAttention kernel, which has no output gate "
+                             f"either) takes none of rope_base, window, sinks, qk_norm, softcap; got "
+                             f"{', '.join(self._options())}: use impl='sdpa' or impl='naive'")
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
@@ -229,6 +250,9 @@ class MultiHeadAttention(nn.Module):
             x_kv = x_q
         n = x_q.shape[0]
         h, g, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        gate = None  # (N, h, L_q, 1 or head_dim): sigmoid(gate_proj(x_q)), from the query side
+        if self.gate_proj is not None:
+            gate = torch.sigmoid(self.gate_proj(x_q)).view(n, l_q, h, -1).transpose(1, 2)
 
         q = self.q_proj(x_q).view(n, l_q, h, hd).transpose(1, 2)  # (N, h, L_q, head_dim)
         l_new = x_kv.shape[1]
@@ -241,7 +265,7 @@ class MultiHeadAttention(nn.Module):
             if positions is None:
                 start = 0 if kv_cache is None else kv_cache.length
                 positions = torch.arange(start, start + l_q, device=q.device)  # (L_q,)
-            cos, sin = rope_cos_sin(positions, hd, self.rope_base, q.dtype)  # each (L_q, d/2) or (N, L_q, d/2)
+            cos, sin = rope_cos_sin(positions, self.rope_dim, self.rope_base, q.dtype)  # (L_q or N, L_q, r/2)
             q = apply_rope(q, cos, sin, self.rope_style)  # (N, h, L_q, head_dim)
             k = apply_rope(k, cos, sin, self.rope_style)  # (N, g, L_q, head_dim)
         if kv_cache is None:
@@ -250,14 +274,14 @@ class MultiHeadAttention(nn.Module):
                 index = torch.arange(l_q, device=q.device)  # (L_q,) = (L_kv,): self-attention
                 allowed = window_mask(index, index, self.window)
             out, weights = self._attention(q, k, v, mask, is_causal, need_weights, l_q, l_kv, allowed)
-            return self._merge_and_project(out, weights, head_mask, unbatched)
+            return self._merge_and_project(out, weights, head_mask, unbatched, gate)
         if kv_cache.window is not None:
-            return self._ring_forward(q, k, v, mask, need_weights, head_mask, unbatched, kv_cache)
+            return self._ring_forward(q, k, v, mask, need_weights, head_mask, unbatched, kv_cache, gate)
         cached = kv_cache.length
         try:
             k, v = kv_cache.append(k, v)  # each (N, g, L_kv, head_dim), L_kv = cached + L_q
             out, weights = self._attention(q, k, v, mask, is_causal, need_weights, l_q, l_kv)
-            out, weights = self._merge_and_project(out, weights, head_mask, unbatched)
+            out, weights = self._merge_and_project(out, weights, head_mask, unbatched, gate)
         except BaseException:  # an error in the kernel, out of memory, KeyboardInterrupt: leave the cache as it was
             # Setting length back is enough: the append wrote only at positions >= cached, which no read sees once
             # length is cached again (every read is of the filled prefix) and the next append overwrites.
@@ -266,7 +290,7 @@ class MultiHeadAttention(nn.Module):
         kv_cache._claim(self)  # the cache now holds this module's keys; other modules are refused (check_append)
         return out, weights
 
-    def _ring_forward(self, q, k, v, mask, need_weights, head_mask, unbatched, cache):
+    def _ring_forward(self, q, k, v, mask, need_weights, head_mask, unbatched, cache, gate=None):
         """A call with a ring-buffer cache: attend over every slot followed by this call's keys (window mask from the
         absolute positions they hold), and write the new keys only once everything has succeeded, so that a failed
         call leaves the ring exactly as it was (see ``mha.kv_cache``)."""
@@ -281,7 +305,7 @@ class MultiHeadAttention(nn.Module):
         if weights is not None:  # back over the absolute positions, (N, h, L_q, length + L_q), zero outside
             full = weights.new_zeros(*weights.shape[:-1], length + l_q)
             weights = full.scatter_add_(-1, index.expand_as(weights), weights)
-        out, weights = self._merge_and_project(out, weights, head_mask, unbatched)
+        out, weights = self._merge_and_project(out, weights, head_mask, unbatched, gate)
         cache.commit(k, v)  # only now: nothing was written if anything above failed
         cache._claim(self)
         return out, weights
@@ -317,12 +341,15 @@ class MultiHeadAttention(nn.Module):
             return out, weights if need_weights else None
         return self._sdpa_attention(q, k, v, attn_mask, row_has_key, sdpa_causal), None
 
-    def _merge_and_project(self, out, weights, head_mask, unbatched):
-        """head_mask, the concatenation of the heads, o_proj; the batch axis dropped again for unbatched input.
+    def _merge_and_project(self, out, weights, head_mask, unbatched, gate=None):
+        """The output gate (``gate`` (N, h, L_q, 1 or head_dim), or None), head_mask, the concatenation of the
+        heads, o_proj; the batch axis dropped again for unbatched input.
 
         Book: part I, "From one head to h heads" (Concat(head_1, ..., head_h) W^O).
         """
         n, h, l_q, hd = out.shape
+        if gate is not None:
+            out = out * gate  # (N, h, L_q, head_dim): each head's output, gated before the merge
         if head_mask is not None:
             out = out * head_mask.to(out.dtype).view(1, h, 1, 1)  # (N, h, L_q, head_dim)
         out = out.transpose(1, 2).reshape(n, l_q, h * hd)  # (N, L_q, h * head_dim)
@@ -541,16 +568,23 @@ class MultiHeadAttention(nn.Module):
             specs["sinks"] = (self.sinks, (h,), False)
         if self.qk_norm:
             specs.update({"q_norm": (self.q_norm, (hd,), False), "k_norm": (self.k_norm, (hd,), False)})
+        if self.gate_proj is not None:
+            width = self.gate_proj.out_features  # h (headwise) or h * head_dim (elementwise)
+            specs["W_gate"] = (self.gate_proj.weight, (d, width), True)
+            if self.gate_proj.bias is not None:
+                specs["b_gate"] = (self.gate_proj.bias, (width,), False)
         return specs
 
     def _describe_params(self) -> str:
         """What decides the params dict's keys: "bias=True", plus the parameters of the options that have some."""
         extra = (", sinks=True" if self.sinks is not None else "") + (", qk_norm=True" if self.qk_norm else "")
+        extra += "" if self.gate is None else f", gate={self.gate!r}"
         return f"bias={self.q_proj.bias is not None}{extra}"
 
     def export_params(self) -> dict[str, np.ndarray]:
         """The weights as the NumPy params dict (float64 arrays): W_q = q_proj.weight.T, b_q = q_proj.bias, ...;
-        with the options, "sinks" (h,), "q_norm" and "k_norm" (head_dim,) (the keys ``mha.reference`` uses).
+        with the options, "sinks" (h,), "q_norm" and "k_norm" (head_dim,), "W_gate" = gate_proj.weight.T and
+        "b_gate" (the keys ``mha.reference`` uses; pass it ``gate=module.gate``).
 
         Book: part I, "From one head to h heads" (the parameter names). Round-trips with :meth:`load_params`.
         """
@@ -593,3 +627,18 @@ class MultiHeadAttention(nn.Module):
         with torch.no_grad():
             for name, (tensor, _, _) in specs.items():
                 tensor.copy_(values[name].to(device=tensor.device, dtype=tensor.dtype))
+
+
+def _check_rope_dim(rope_dim, head_dim: int, rope_base) -> int | None:
+    """The coordinates RoPE rotates: None without RoPE (and then rope_dim must be None), head_dim for None, else an
+    even integer in [2, head_dim] (the rule of ``mha.reference``)."""
+    if rope_dim is None:
+        return None if rope_base is None else head_dim
+    rope_dim = check_int("rope_dim", rope_dim, minimum=2, maximum=head_dim)
+    if rope_dim % 2:
+        raise ValueError(f"rope_dim must be even (RoPE rotates pairs of coordinates), got rope_dim = {rope_dim} "
+                         f"(head_dim = {head_dim})")
+    if rope_base is None:
+        raise ValueError(f"rope_dim = {rope_dim} is given but rope_base is None: rope_dim is the part of each head "
+                         f"RoPE rotates (pass rope_base, e.g. 10000.0)")
+    return rope_dim

@@ -14,7 +14,8 @@ packed ``in_proj_weight`` is [W_q^T; W_k^T; W_v^T]).
 
 ``from_hf`` builds a ``mha.MultiHeadAttention`` holding the weights and settings of one of Hugging Face's attention
 layers (Llama, Mistral, Qwen3, Gemma 2, Gemma 3, gpt-oss; sliding and full layers), so that the same inputs give the
-same outputs (tests/test_from_hf.py checks it against tiny random models, prefill and ring-buffer decoding).
+same outputs (tests/test_from_hf.py checks it against tiny random models, prefill and ring-buffer decoding), and of
+Qwen3-Next's gated full-attention layers, partial RoPE included (tests/test_from_hf_qwen3next.py).
 
 Book: part II, 'MQA and GQA'; appendix 'Benchmarks' (the contenders of the side-by-side timings); part IV,
 'Rotary position embeddings (RoPE)' (``from_hf`` and the RoPE it accepts).
@@ -183,17 +184,20 @@ def _torch_mha_differences(ours, theirs) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- Hugging Face layers
 HF_ATTENTION_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen3Attention", "Gemma2Attention", "Gemma3Attention",
-                        "GptOssAttention")
+                        "GptOssAttention", "Qwen3NextAttention")
 
 
 def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
     """A ``mha.MultiHeadAttention`` computing what Hugging Face's ``attention_module`` computes, with its weights.
 
+    A ``DeepseekV3Attention`` (multi-head latent attention, DeepSeek-V2/V3) gives a ``mha.MultiHeadLatentAttention``
+    instead (``impl`` does not apply): see ``_from_hf_deepseek_v3`` for what is read and what is refused.
+
     ``attention_module``: a ``LlamaAttention``, ``MistralAttention``, ``Qwen3Attention``, ``Gemma2Attention``,
-    ``Gemma3Attention`` or ``GptOssAttention`` (``model.layers[i].self_attn``) of transformers 5; ``config``: the
-    model's configuration (default: the module's own ``config``); ``dtype``: of the result (default: the HF
-    module's; ``torch.float64`` for a float64 copy); ``impl``: "sdpa" or "naive". The result is on the module's
-    device, in eval mode if the module is.
+    ``Gemma3Attention``, ``GptOssAttention`` or ``Qwen3NextAttention`` (Qwen3-Next's full-attention layers)
+    (``model.layers[i].self_attn``) of transformers 5; ``config``: the model's configuration (default: the module's
+    own ``config``); ``dtype``: of the result (default: the HF module's; ``torch.float64`` for a float64 copy);
+    ``impl``: "sdpa" or "naive". The result is on the module's device, in eval mode if the module is.
 
     What is read (the layer's type is ``config.layer_types[attention_module.layer_idx]`` where the config has
     ``layer_types``):
@@ -204,12 +208,17 @@ def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
       (``rope_style="half"``, gpt-oss's ``_apply_rotary_emb`` included); only ``rope_type="default"`` and a full
       rotary dimension (YaRN, linear scaling, the "llama3" rule, partial rotary factors are refused: ValueError).
       So the released Llama 3.1 ("llama3"), Gemma 3's global layers ("linear") and gpt-oss ("yarn") are refused;
-      ``MultiHeadAttention`` has a ``rope_base`` and no frequency scaling;
+      ``MultiHeadAttention`` has a ``rope_base`` and no frequency scaling. Qwen3-Next's ``partial_rotary_factor``
+      (0.25 by default) is read: ``rope_dim = int(head_dim * factor)``, RoPE on the first rope_dim coordinates;
     * the sliding window: ``config.sliding_window`` on sliding layers (Mistral: every layer when it is set). Hugging
       Face's mask lets query i see key j iff i - sliding_window < j <= i (``sliding_window_overlay``), so the window
       counts the query itself, as ours: ``window = sliding_window`` for every family here (checked by
       tests/test_from_hf.py by reading the attention weights back);
-    * QK-norm (Qwen3: weight w; Gemma 3: Gemma's RMSNorm multiplies by (1 + w), folded into the weight), its eps;
+    * QK-norm (Qwen3: weight w; Gemma 3 and Qwen3-Next: Gemma's RMSNorm multiplies by (1 + w), folded into the
+      weight), its eps;
+    * Qwen3-Next's output gate: its ``q_proj`` gives each head [query | gate] (2 head_dim outputs per head), and the
+      attention output is multiplied by sigmoid(gate) before ``o_proj``: ``gate="elementwise"``, ``gate_proj``
+      holding the gate's rows;
     * gpt-oss's sinks; Gemma 2's ``attn_logit_softcapping`` (Gemma 3's attention does not apply it, so neither do
       we).
 
@@ -224,6 +233,8 @@ def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
     check_type("attention_module", attention_module, torch.nn.Module,
                "a Hugging Face attention module (" + ", ".join(HF_ATTENTION_CLASSES) + ")")
     family = type(attention_module).__name__
+    if family == "DeepseekV3Attention":  # multi-head latent attention: another module, mha.latent
+        return _from_hf_deepseek_v3(attention_module, config, dtype=dtype)
     if family not in HF_ATTENTION_CLASSES:
         raise ValueError(f"attention_module must be one of {', '.join(HF_ATTENTION_CLASSES)} (transformers 5), got "
                          f"{family}")
@@ -243,6 +254,9 @@ def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
         raise ValueError(f"{family} layer {theirs.layer_idx} is bidirectional (use_bidirectional_attention): "
                          f"MultiHeadAttention's windows are causal")
     linears = [theirs.q_proj, theirs.k_proj, theirs.v_proj, theirs.o_proj]
+    gate = None  # Qwen3-Next: q_proj holds [query | gate] per head; linears[0] becomes the query's part
+    if family == "Qwen3NextAttention":
+        linears[0], gate = _hf_split_query_gate(theirs.q_proj, config.num_attention_heads, theirs.head_dim)
     has_qk_norm = getattr(theirs, "q_norm", None) is not None
     ours = MultiHeadAttention(
         config.hidden_size, config.num_attention_heads, config.num_key_value_heads, theirs.head_dim,
@@ -250,7 +264,8 @@ def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
         impl=impl, scale=float(theirs.scaling), rope_base=_hf_rope_base(family, config, layer_type),
         rope_style="half", window=window, sinks=getattr(theirs, "sinks", None) is not None, qk_norm=has_qk_norm,
         qk_norm_eps=_hf_norm_eps(theirs.q_norm) if has_qk_norm else 1e-6,
-        softcap=getattr(theirs, "attn_logit_softcapping", None) if family == "Gemma2Attention" else None)
+        softcap=getattr(theirs, "attn_logit_softcapping", None) if family == "Gemma2Attention" else None,
+        gate=None if gate is None else "elementwise", rope_dim=_hf_rope_dim(config, layer_type, theirs.head_dim))
     if has_qk_norm and _hf_norm_eps(theirs.k_norm) != ours.qk_norm_eps:
         raise ValueError(f"{family}: q_norm and k_norm have different eps ({ours.qk_norm_eps}, "
                          f"{_hf_norm_eps(theirs.k_norm)}); MultiHeadAttention has one qk_norm_eps")
@@ -262,8 +277,12 @@ def from_hf(attention_module, config=None, *, dtype=None, impl: str = "sdpa"):
                 mine.bias.copy_(hf.bias if hf.bias is not None else torch.zeros_like(mine.bias))
         if ours.sinks is not None:
             ours.sinks.copy_(theirs.sinks)
-        if has_qk_norm:
-            gemma = family == "Gemma3Attention"  # Gemma's RMSNorm: x_hat * (1 + w), w starting at 0
+        if gate is not None:
+            ours.gate_proj.weight.copy_(gate.weight)
+            if ours.gate_proj.bias is not None:
+                ours.gate_proj.bias.copy_(gate.bias if gate.bias is not None else torch.zeros_like(ours.gate_proj.bias))
+        if has_qk_norm:  # Gemma's RMSNorm (Qwen3-Next's too): x_hat * (1 + w), w starting at 0
+            gemma = family in ("Gemma3Attention", "Qwen3NextAttention")
             ours.q_norm.copy_(theirs.q_norm.weight.double() + 1 if gemma else theirs.q_norm.weight)
             ours.k_norm.copy_(theirs.k_norm.weight.double() + 1 if gemma else theirs.k_norm.weight)
     return ours.train(theirs.training)
@@ -301,14 +320,111 @@ def _hf_rope_base(family, config, layer_type):
         raise ValueError(f"{family}: rope_type {rope_type!r} (rope_parameters={rope}) is not supported, only "
                          f"'default' RoPE (no YaRN, no linear or dynamic scaling)")
     factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        raise ValueError(f"{family}: partial_rotary_factor={factor} is not supported (RoPE on the whole head only)")
+    if factor != 1.0 and family not in _HF_PARTIAL_ROPE:
+        raise ValueError(f"{family}: partial_rotary_factor={factor} is not supported (RoPE on the whole head only; "
+                         f"partial RoPE is read for {', '.join(_HF_PARTIAL_ROPE)})")
     base = rope.get("rope_theta", getattr(config, "rope_theta", None))
     if base is None:
         raise ValueError(f"{family}: the config has no rope_theta (rope_parameters={rope})")
     return float(base)
 
 
+_HF_PARTIAL_ROPE = ("Qwen3NextAttention",)  # the families whose partial_rotary_factor is read (rope_dim)
+
+
+def _hf_rope_dim(config, layer_type, head_dim):
+    """Our ``rope_dim`` from ``partial_rotary_factor`` (None for 1.0: the whole head; ``_hf_rope_base`` refuses
+    other factors for the other families). Hugging Face's rotary module computes its frequencies for
+    ``dim = int(head_dim * factor)`` and ``apply_rotary_pos_emb`` rotates the first ``dim`` coordinates of each head
+    (rotate-half pairs within them), passing the rest: our rope_dim exactly."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if layer_type in rope and isinstance(rope[layer_type], dict):
+        rope = rope[layer_type]
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    return None if factor == 1.0 else int(head_dim * factor)
+
+
+def _hf_split_query_gate(q_proj, n_heads, head_dim):
+    """Qwen3-Next's ``q_proj`` (n_heads * 2 head_dim outputs) as two stand-ins for ``nn.Linear`` (``weight``,
+    ``bias``), the query's and the gate's, n_heads * head_dim outputs each in head order: Hugging Face views its
+    output as (..., n_heads, 2 head_dim) and splits each head's 2 head_dim into [query | gate] (interleaved by
+    head, not two halves); the gate's outputs, in head order, multiply the attention output elementwise."""
+    from types import SimpleNamespace
+
+    weight = q_proj.weight.view(n_heads, 2, head_dim, -1)  # (h, [query, gate], head_dim, d_model)
+    bias = None if q_proj.bias is None else q_proj.bias.view(n_heads, 2, head_dim)
+
+    def part(i):  # 0: the query, 1: the gate
+        return SimpleNamespace(weight=weight[:, i].reshape(n_heads * head_dim, -1),
+                               bias=None if bias is None else bias[:, i].reshape(n_heads * head_dim))
+
+    return part(0), part(1)
+
+
 def _hf_norm_eps(norm) -> float:
     """The epsilon of a Qwen3RMSNorm (``variance_epsilon``) or a Gemma RMSNorm (``eps``)."""
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _from_hf_deepseek_v3(theirs, config=None, *, dtype=None):
+    """A ``mha.MultiHeadLatentAttention`` holding the weights and settings of Hugging Face's ``DeepseekV3Attention``
+    (DeepSeek-V3, also the layout of DeepSeek-V2's and Kimi K2's attention); ``from_hf`` calls it.
+
+    Read: the sizes (``hidden_size``, ``num_attention_heads``, ``q_lora_rank`` (None: a plain ``q_proj``),
+    ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), ``rope_theta``, the module's
+    ``scaling`` (``(nope + rope)^-0.5`` for default RoPE) and its RMSNorms' eps; ``rope_interleave=True`` (the
+    default) is our ``rope_style="interleaved"``, False our ``"half"`` (see ``mha.reference.latent``). The weights are
+    copied as they are (same ``nn.Linear`` layout): q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa,
+    kv_a_layernorm, kv_b_proj, o_proj.
+
+    Refused (ValueError): a RoPE other than ``rope_type="default"`` (DeepSeek-V3's released YaRN included: its
+    frequencies and its mscale on the scores are not implemented), ``attention_bias=True``, ``num_key_value_heads``
+    other than ``num_attention_heads``, a nonzero ``attention_dropout`` (the module has no dropout), and q and kv
+    norms with different eps (the module has one ``norm_eps``).
+    """
+    import torch
+
+    from mha.latent import MultiHeadLatentAttention
+
+    name = f"DeepseekV3Attention (layer {getattr(theirs, 'layer_idx', '?')})"
+    config = theirs.config if config is None else config
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" or "rope_theta" not in rope:
+        raise ValueError(f"{name}: rope_type {rope_type!r} (rope_parameters={rope}) is not supported, only 'default' "
+                         f"RoPE with a rope_theta (no YaRN, no linear or dynamic scaling)")
+    problems = []
+    if getattr(config, "attention_bias", False):
+        problems.append("attention_bias=True (MultiHeadLatentAttention has no biases)")
+    if config.num_key_value_heads != config.num_attention_heads:
+        problems.append(f"num_key_value_heads={config.num_key_value_heads} != num_attention_heads="
+                        f"{config.num_attention_heads} (MLA has one latent shared by all heads)")
+    if float(getattr(config, "attention_dropout", 0.0)) != 0.0:
+        problems.append(f"attention_dropout={config.attention_dropout} (MultiHeadLatentAttention has no dropout)")
+    eps = _hf_norm_eps(theirs.kv_a_layernorm)
+    if theirs.q_a_layernorm is not None and _hf_norm_eps(theirs.q_a_layernorm) != eps:
+        problems.append(f"q_a_layernorm eps {_hf_norm_eps(theirs.q_a_layernorm)} != kv_a_layernorm eps {eps} "
+                        f"(MultiHeadLatentAttention has one norm_eps)")
+    if problems:
+        raise ValueError(f"{name}: not supported: " + "; ".join(problems))
+    source = theirs.kv_a_proj_with_mqa.weight
+    dtype = source.dtype if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    ours = MultiHeadLatentAttention(
+        config.hidden_size, config.num_attention_heads, config.kv_lora_rank, q_rank=config.q_lora_rank,
+        qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
+        v_head_dim=config.v_head_dim, rope_base=float(rope["rope_theta"]),
+        rope_style="interleaved" if getattr(config, "rope_interleave", True) else "half",
+        scale=float(theirs.scaling), norm_eps=eps).to(device=source.device, dtype=dtype)
+    pairs = [(ours.kv_a_proj.weight, theirs.kv_a_proj_with_mqa.weight), (ours.kv_a_norm, theirs.kv_a_layernorm.weight),
+             (ours.kv_b_proj.weight, theirs.kv_b_proj.weight), (ours.o_proj.weight, theirs.o_proj.weight)]
+    if ours.q_rank is None:
+        pairs.append((ours.q_proj.weight, theirs.q_proj.weight))
+    else:
+        pairs += [(ours.q_a_proj.weight, theirs.q_a_proj.weight), (ours.q_a_norm, theirs.q_a_layernorm.weight),
+                  (ours.q_b_proj.weight, theirs.q_b_proj.weight)]
+    with torch.no_grad():
+        for mine, hf in pairs:
+            mine.copy_(hf)
+    return ours.train(theirs.training)

@@ -14,6 +14,11 @@ vector at absolute position p has its pairs rotated by the angles p * theta_i:
 Both rotate the same pairs by the same angles; they differ only in which coordinates form a pair, so a model trained
 with one layout computes the same function with the other after permuting the columns of W_q and W_k.
 
+Partial RoPE (Qwen3-Next's ``partial_rotary_factor``, GLM, Phi): cos and sin of a RoPE of size r < d (frequencies
+base ** (-2 i / r), from ``rope_cos_sin(positions, r, ...)``) rotate the first r coordinates of each head, pairs
+taken within them, and leave the other d - r as they are, as Hugging Face's ``apply_rotary_pos_emb`` does when its
+cos/sin are narrower than the head.
+
 The angles are computed in float64 (float32 on MPS, which has no float64) and only then rounded to the tensors'
 dtype: at position 100,000 a float32 angle is already off by ~0.004 rad, which is what Hugging Face's float32
 rotary module does. The cosines and sines are small ((L, d/2)) tensors, so this costs nothing measurable.
@@ -44,8 +49,12 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: tor
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half") -> torch.Tensor:
     """Rotate the pairs of ``x`` (N, heads, L, d) by the angles whose cos/sin are given ((L, d/2) or (N, L, d/2)).
 
-    ``style="half"`` pairs (x_i, x_{i+d/2}); ``style="interleaved"`` pairs (x_{2i}, x_{2i+1}).
+    ``style="half"`` pairs (x_i, x_{i+d/2}); ``style="interleaved"`` pairs (x_{2i}, x_{2i+1}). cos/sin of r/2 < d/2
+    angles (partial RoPE): only the first r coordinates are rotated (pairs within them), the rest pass unchanged.
     """
+    rotated = 2 * cos.shape[-1]
+    if rotated < x.shape[-1]:  # partial RoPE: rotate x[..., :r], keep x[..., r:]
+        return torch.cat((apply_rope(x[..., :rotated], cos, sin, style), x[..., rotated:]), dim=-1)
     if cos.ndim == 3:  # (N, L, d/2): one set of positions per sequence
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, L, d/2)
     half = x.shape[-1] // 2

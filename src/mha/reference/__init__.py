@@ -30,16 +30,19 @@ Its modules follow the book (import the functions from ``mha.reference`` itself)
 * ``online_softmax``: ``online_softmax_attention`` (part II, 'Exact attention without the L × L matrix (online
   softmax)');
 * ``rope``: ``rope_frequencies``, ``rope``, ``rope_backward`` (part IV, 'Attention in today's models');
-* ``norms``: ``rms_norm``, ``rms_norm_backward``, the normalisation of QK-norm (same section).
+* ``norms``: ``rms_norm``, ``rms_norm_backward``, the normalisation of QK-norm (same section);
+* ``latent``: ``multi_head_latent_attention`` (naive and absorbed forms), its hand-derived
+  ``multi_head_latent_attention_grad`` and ``init_latent_params``: multi-head latent attention (DeepSeek-V2/V3).
 
-The layer's keywords of today's models (``positions``, ``rope_base``, ``rope_style``, ``window``, ``softcap``,
-``qk_norm_eps``, ``scale``) and the order it applies them in are in ``multi_head_attention``'s docstring.
+The layer's keywords of today's models (``positions``, ``rope_base``, ``rope_style``, ``rope_dim``, ``window``,
+``softcap``, ``qk_norm_eps``, ``scale``, ``gate``; ``params`` may then hold ``W_gate`` and ``b_gate``) and the order it applies them in are in ``multi_head_attention``'s docstring.
 """
 
 from __future__ import annotations
 
 from mha.reference.backward import multi_head_attention_grad, scaled_dot_product_attention_grad, softmax_backward
 from mha.reference.checks import Dims, check_params
+from mha.reference.latent import init_latent_params, multi_head_latent_attention, multi_head_latent_attention_grad
 from mha.reference.masks import causal_mask, sliding_window_mask
 from mha.reference.multi_head import (head_weights, init_params, merge_heads, multi_head_attention,
                                       multi_head_attention_per_head, repeat_kv, split_heads)
@@ -71,4 +74,7 @@ __all__ = [
     "rope_backward",
     "rms_norm",
     "rms_norm_backward",
+    "multi_head_latent_attention",
+    "multi_head_latent_attention_grad",
+    "init_latent_params",
 ]

@@ -1,6 +1,6 @@
 """The backward pass, derived by hand (no autograd): softmax, scaled dot-product attention, multi-head attention,
-and the parts of today's models (soft-capping, sinks, QK-norm, RoPE; their own backward passes are in ``norms``
-and ``rope``).
+and the parts of today's models (soft-capping, sinks, QK-norm, RoPE, partial RoPE, output gates; the backward
+passes of RMSNorm and RoPE are in ``norms`` and ``rope``).
 
 Book: part II, 'The backward pass' (and 'MQA and GQA' for the gradients of shared key/value heads); part IV,
 'Attention in today's models'.
@@ -12,7 +12,7 @@ import numpy as np
 
 from mha.reference.checks import (_as_float_array, _check_attention_args, _check_core_extras, _check_layer_extras,
                                   _check_mha_inputs, _check_softmax_output)
-from mha.reference.multi_head import _project, _qk_norm_rope, merge_heads, repeat_kv, split_heads
+from mha.reference.multi_head import _gate_heads, _project, _qk_norm_rope, merge_heads, repeat_kv, split_heads
 from mha.reference.norms import _rms_norm_grad
 from mha.reference.rope import _rotate
 from mha.reference.scaled_dot_product import (_attention, _capped_scores, _masked_softmax, _sink_softmax,
@@ -114,18 +114,38 @@ def _qk_norm_rope_grad(q, k, dq, dk, p, opts, grads):
     """Back through ``_qk_norm_rope``: ``q``, ``k`` are its inputs (the projections, split into heads), ``dq``,
     ``dk`` the gradients of its outputs. RoPE backward is the rotation by the opposite angles; RMSNorm backward is
     ``rms_norm_backward``'s formula, its weight gradients summed over batch, heads and positions go to ``grads``."""
-    if opts.rope_base is not None:
-        dq = _rotate(dq, opts.positions_q, opts.rope_base, opts.rope_style, inverse=True)
-        dk = _rotate(dk, opts.positions_kv, opts.rope_base, opts.rope_style, inverse=True)
+    if opts.rope_base is not None:  # partial RoPE: the unrotated coordinates' gradients pass through
+        dq = _rotate(dq, opts.positions_q, opts.rope_base, opts.rope_style, inverse=True, rope_dim=opts.rope_dim)
+        dk = _rotate(dk, opts.positions_kv, opts.rope_base, opts.rope_style, inverse=True, rope_dim=opts.rope_dim)
     if "q_norm" in p:
         dq, grads["q_norm"] = _rms_norm_grad(q, p["q_norm"], dq, opts.eps)
         dk, grads["k_norm"] = _rms_norm_grad(k, p["k_norm"], dk, opts.eps)
     return dq, dk
 
 
+def _gate_grad(x_q, p, dims, heads, d_gated, grads):
+    """Back through ``Z = Y * G``, ``G = sigmoid(A)``, ``A = x_q W_gate + b_gate`` (Y = ``heads`` (N, h, L_q,
+    head_dim), the attention's output; ``d_gated`` = dZ). Returns ``(dY, dx_q)`` and puts ``W_gate``, ``b_gate``
+    into ``grads``::
+
+        dY = dZ * G                      dG = dZ * Y, summed over head_dim for a headwise gate (G broadcast there)
+        dA = dG * G (1 - G)              (sigmoid' = sigmoid (1 - sigmoid))
+        dW_gate = X_q^T dA, db_gate = sum dA, dX_q = dA W_gate^T    (dA merged back to (N, L_q, width))
+    """
+    G = _gate_heads(x_q, p, dims)  # (N, h, L_q, 1) headwise, (N, h, L_q, head_dim) elementwise
+    dG = d_gated * heads
+    if G.shape[-1] == 1:  # headwise: one G per head and query, broadcast over head_dim
+        dG = dG.sum(axis=-1, keepdims=True)  # (N, h, L_q, 1)
+    dA = merge_heads(dG * G * (1.0 - G))  # (N, L_q, h) or (N, L_q, h*head_dim), A's layout
+    grads["W_gate"] = np.einsum("nlc,nld->cd", x_q, dA)
+    if "b_gate" in p:
+        grads["b_gate"] = dA.sum(axis=(0, 1))
+    return d_gated * G, dA @ p["W_gate"].T
+
+
 def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, is_causal=False, *, positions=None,
                               rope_base=None, rope_style="half", window=None, softcap=None, qk_norm_eps=1e-6,
-                              scale=None):
+                              scale=None, gate=None, rope_dim=None):
     """Hand-derived gradients of ``sum(multi_head_attention(...)[0] * grad_out)``.
 
     Returns a dict with ``'x_q'``, ``'x_kv'`` and one entry per key of ``params`` (same shapes as the inputs; a bias
@@ -146,12 +166,22 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
     ``'sinks'``, one per query head, summed over the batch and the positions); then, per head and before the GQA
     sum is used, back through RoPE (the rotation by the opposite angles, applied to dQ and to the summed dK) and
     QK-norm (``rms_norm_backward``: the entries ``'q_norm'``, ``'k_norm'``, summed over batch, heads and positions),
-    and on to the projections as above. Book: part IV, 'Attention in today's models'.
+    and on to the projections as above. Partial RoPE (``rope_dim``) rotates back the first rope_dim coordinates and
+    passes the others' gradients through. Book: part IV, 'Attention in today's models'.
+
+    The output gate (``gate``; ``Z_i = Y_i * G_i``, ``G = sigmoid(A)``, ``A = X_q W_gate + b_gate``) comes first on
+    the way back, between dM and the core::
+
+        dY_i = dZ_i * G_i                (what the core's backward receives)
+        dG_i = dZ_i * Y_i                (headwise: summed over head_dim, where G_i was broadcast)
+        dA = dG * G (1 - G)              dW_gate = X_q^T dA, db_gate = sum dA, dX_q += dA W_gate^T
+
+    so x_q gets a third path (the gate's), besides the queries' and, in self-attention, the keys' and values'.
     """
     self_attention = x_kv is None
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
     opts, mask = _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, positions, rope_base,
-                                     rope_style, window, softcap, qk_norm_eps, scale)
+                                     rope_style, window, softcap, qk_norm_eps, scale, gate, rope_dim)
     N, L_q = x_q.shape[:2]
     dO = _as_float_array("grad_out", grad_out)
     expected = (L_q, dims.d_model) if unbatched else (N, L_q, dims.d_model)
@@ -164,12 +194,16 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
     q, k = _qk_norm_rope(q_proj, k_proj, p, opts)  # unchanged when both are off
     n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
     heads, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, **opts.sdpa)
-    M = merge_heads(heads)  # (N, L_q, h*head_dim)
+    gated = heads if opts.gate is None else heads * _gate_heads(x_q, p, dims)  # (N, h, L_q, head_dim)
+    M = merge_heads(gated)  # (N, L_q, h*head_dim)
 
     grads = {"W_o": np.einsum("nlc,nld->cd", M, dO)}
     dM = dO @ p["W_o"].T  # (N, L_q, h*head_dim)
+    d_heads, dx_gate = split_heads(dM, dims.n_heads), 0.0  # (N, h, L_q, head_dim)
+    if opts.gate is not None:  # back through the gate: dY, and the gate's own path to x_q
+        d_heads, dx_gate = _gate_grad(x_q, p, dims, heads, d_heads, grads)
     dq, dk_rep, dv_rep, *d_sinks = scaled_dot_product_attention_grad(
-        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), split_heads(dM, dims.n_heads), mask, **opts.sdpa
+        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), d_heads, mask, **opts.sdpa
     )  # d_sinks = [dL/d sinks, shape (h,)] when params has sinks, else []
     if d_sinks:
         grads["sinks"] = d_sinks[0]
@@ -186,7 +220,7 @@ def multi_head_attention_grad(x_q, x_kv, params, n_heads, grad_out, mask=None, i
             grads[f"b_{name}"] = dY.sum(axis=(0, 1))
         dx = dY @ p[f"W_{name}"].T  # (N, L, d_model)
         if name == "q":
-            dx_q = dx
+            dx_q = dx + dx_gate  # the queries' path and the gate's (0.0 without a gate)
         else:
             dx_kv = dx_kv + dx
     if "b_o" in p:

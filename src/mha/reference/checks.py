@@ -6,7 +6,8 @@ The private helpers: ``_check_attention_args`` (the attention functions, on q, k
 multi-head functions, on x_q, x_kv, params), ``_check_softmax_output`` (``softmax_backward``), ``_heads_array`` (the
 head helpers), ``_check_seed`` (``init_params``) and the small checks they are built from; for the parts of today's
 models (part IV, 'Attention in today's models'), ``_check_core_extras`` (sinks, window and softcap of the attention
-core), ``_check_positions`` and ``_check_rope_args`` (RoPE) and ``_check_layer_extras`` (the layer's new keywords).
+core), ``_check_positions`` and ``_check_rope_args`` (RoPE), ``_check_rope_dim`` (partial RoPE), ``_check_gate`` (gated
+attention) and ``_check_layer_extras`` (the layer's new keywords).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from mha.reference.masks import _check_mask, _sliding_window, _with_causal
 
 _WEIGHT_KEYS = ("W_q", "W_k", "W_v", "W_o")
 _BIAS_KEYS = ("b_q", "b_k", "b_v", "b_o")
-_EXTRA_KEYS = ("q_norm", "k_norm", "sinks")  # QK-norm weights (head_dim,) each; one sink logit per query head (h,)
+# QK-norm weights (head_dim,) each; one sink logit per query head (h,); the output gate's projection
+# (d_model, h) or (d_model, h*head_dim) and its optional bias.
+_EXTRA_KEYS = ("q_norm", "k_norm", "sinks", "W_gate", "b_gate")
 ROPE_STYLES = ("half", "interleaved")
+GATES = (None, "headwise", "elementwise")  # gated attention (Qiu et al. 2025): off, one gate per head, per coordinate
 
 
 class Dims(NamedTuple):
@@ -100,8 +104,10 @@ def check_params(params, n_heads):
     ``mha.reference`` that takes ``params`` starts with it, and so does ``mha.convert``.
 
     Optional keys of today's models: ``q_norm`` and ``k_norm`` (QK-norm's RMSNorm weights, shape ``(head_dim,)``
-    each, shared by all heads; both or neither) and ``sinks`` (one learned sink logit per query head, shape
-    ``(n_heads,)``). Like the biases, an entry given as None counts as absent.
+    each, shared by all heads; both or neither), ``sinks`` (one learned sink logit per query head, shape
+    ``(n_heads,)``) and the output gate's ``W_gate`` (shape ``(d_model, n_heads)``, headwise, or ``(d_model,
+    n_heads*head_dim)``, elementwise) with its optional bias ``b_gate`` (``(W_gate.shape[1],)``; not without
+    W_gate). Like the biases, an entry given as None counts as absent.
     """
     if not isinstance(params, dict):
         raise TypeError(
@@ -158,7 +164,8 @@ def check_params(params, n_heads):
 
 
 def _check_extra_params(p, head_dim, n_heads):
-    """``q_norm``/``k_norm`` (both or neither, shape (head_dim,)) and ``sinks`` (shape (n_heads,))."""
+    """``q_norm``/``k_norm`` (both or neither, shape (head_dim,)), ``sinks`` (shape (n_heads,)) and the gate's
+    ``W_gate`` ((d_model, n_heads) or (d_model, n_heads*head_dim)) and ``b_gate`` (only with W_gate)."""
     if ("q_norm" in p) != ("k_norm" in p):
         have, missing = ("q_norm", "k_norm") if "q_norm" in p else ("k_norm", "q_norm")
         raise ValueError(f"params has '{have}' but not '{missing}'; QK-norm normalises both q and k: give both "
@@ -167,6 +174,19 @@ def _check_extra_params(p, head_dim, n_heads):
                              ("sinks", (n_heads,), "(n_heads,)")):
         if key in p and p[key].shape != shape:
             raise ValueError(f"params['{key}'] must have shape {desc} = {shape}, got {p[key].shape}")
+    if "b_gate" in p and "W_gate" not in p:
+        raise ValueError(f"params has 'b_gate' but not 'W_gate': the gate's bias needs its projection W_gate "
+                         f"(shape (d_model, n_heads) or (d_model, n_heads*head_dim))")
+    if "W_gate" in p:
+        d_model, W_gate = p["W_q"].shape[0], p["W_gate"]
+        widths = (n_heads, n_heads * head_dim)
+        if W_gate.ndim != 2 or W_gate.shape[0] != d_model or W_gate.shape[1] not in widths:
+            raise ValueError(f"params['W_gate'] must have shape (d_model, n_heads) = {(d_model, n_heads)} (headwise "
+                             f"gate) or (d_model, n_heads*head_dim) = {(d_model, n_heads * head_dim)} (elementwise "
+                             f"gate), got {W_gate.shape}")
+        if "b_gate" in p and p["b_gate"].shape != (W_gate.shape[1],):
+            raise ValueError(f"params['b_gate'] must have shape (W_gate.shape[1],) = ({W_gate.shape[1]},), got "
+                             f"{p['b_gate'].shape}")
 
 
 def _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal=False):
@@ -314,6 +334,8 @@ class _LayerOptions(NamedTuple):
     scale: float | None
     softcap: float | None
     sinks: np.ndarray | None  # params["sinks"], shape (h,)
+    rope_dim: int | None  # RoPE on the first rope_dim coordinates of each head (None: no RoPE)
+    gate: str | None  # None, "headwise" or "elementwise"
 
     @property
     def sdpa(self):
@@ -328,11 +350,44 @@ def _layer_positions(positions, L, n_batch, unbatched, name):
     return pos[:, None, :] if pos.ndim == 2 else pos  # (N, L) -> (N, 1, L): the same positions for every head
 
 
+def _check_rope_dim(rope_dim, head_dim):
+    """``rope_dim``: None (the whole head) or an even integer in [2, head_dim]; returns it as an int or None."""
+    if rope_dim is None:
+        return None
+    rope_dim = check_int("rope_dim", rope_dim, minimum=2, maximum=head_dim)
+    if rope_dim % 2:
+        raise ValueError(f"rope_dim must be even (RoPE rotates pairs of coordinates), got rope_dim = {rope_dim} "
+                         f"(head_dim = {head_dim})")
+    return rope_dim
+
+
+def _check_gate(gate, p, dims):
+    """``gate`` (one of ``GATES``) against params: W_gate present exactly when a gate is asked for, of the width
+    of the mode, (d_model, n_heads) headwise or (d_model, n_heads*head_dim) elementwise."""
+    check_choice("gate", gate, GATES)
+    if gate is None:
+        if "W_gate" in p:
+            raise ValueError(f"params has 'W_gate' (shape {p['W_gate'].shape}) but gate is None: pass "
+                             f"gate='headwise' or gate='elementwise', or leave W_gate and b_gate out")
+        return None
+    if "W_gate" not in p:
+        raise ValueError(f"gate={gate!r} needs params['W_gate'] (shape (d_model, n_heads) headwise, (d_model, "
+                         f"n_heads*head_dim) elementwise), but params has none")
+    width = dims.n_heads if gate == "headwise" else dims.n_heads * dims.head_dim
+    if p["W_gate"].shape[1] != width:
+        desc = "(d_model, n_heads)" if gate == "headwise" else "(d_model, n_heads*head_dim)"
+        raise ValueError(f"gate={gate!r} needs params['W_gate'] of shape {desc} = {(dims.d_model, width)}, got "
+                         f"{p['W_gate'].shape}")
+    return gate
+
+
 def _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, positions, rope_base, rope_style,
-                        window, softcap, qk_norm_eps, scale):
+                        window, softcap, qk_norm_eps, scale, gate=None, rope_dim=None):
     """All checks of the layer's new keywords, after ``_check_mha_inputs``. Returns ``(opts, mask)``: the
     :class:`_LayerOptions` and the mask with the sliding window joined."""
     check_choice("rope_style", rope_style, ROPE_STYLES)
+    gate = _check_gate(gate, p, dims)
+    rope_dim = _check_rope_dim(rope_dim, dims.head_dim)
     eps = check_float("qk_norm_eps", qk_norm_eps, minimum=0.0, min_inclusive=False)
     scale = None if scale is None else attention_scale(scale, dims.head_dim)
     if softcap is not None:
@@ -344,12 +399,16 @@ def _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, pos
         if positions is not None:
             raise ValueError("positions is given but rope_base is None: positions are used only by RoPE (pass "
                              "rope_base, e.g. 10000.0, to rotate q and k)")
+        if rope_dim is not None:
+            raise ValueError(f"rope_dim = {rope_dim} is given but rope_base is None: rope_dim is the part of each "
+                             f"head RoPE rotates (pass rope_base, e.g. 10000.0)")
     else:
         rope_base = check_float("rope_base", rope_base, minimum=0.0, min_inclusive=False)
-        if dims.head_dim % 2:
+        if rope_dim is None and dims.head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of coordinates: head_dim must be even, got head_dim = "
                              f"{dims.head_dim} (params['W_q'] width {dims.n_heads * dims.head_dim} / n_heads "
                              f"{dims.n_heads})")
+        rope_dim = dims.head_dim if rope_dim is None else rope_dim
         if self_attention:
             pos_q = pos_kv = _layer_positions(np.arange(L_q) if positions is None else positions, L_q, N, unbatched,
                                               "positions")
@@ -365,4 +424,5 @@ def _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, pos
                                  f"{type(positions).__name__} of length {len(positions)}")
             pos_q = _layer_positions(positions[0], L_q, N, unbatched, "positions[0] (queries)")
             pos_kv = _layer_positions(positions[1], L_kv, N, unbatched, "positions[1] (keys)")
-    return _LayerOptions(pos_q, pos_kv, rope_base, rope_style, eps, scale, softcap, p.get("sinks")), mask
+    return _LayerOptions(pos_q, pos_kv, rope_base, rope_style, eps, scale, softcap, p.get("sinks"), rope_dim,
+                         gate), mask

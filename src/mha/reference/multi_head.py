@@ -1,5 +1,5 @@
 """Multi-head attention: the head helpers (``split_heads``, ``merge_heads``, ``repeat_kv``), the fused layer
-(MHA, GQA, MQA; with the parts of today's models: QK-norm, RoPE, sliding windows, soft-capping, sinks), its
+(MHA, GQA, MQA; with the parts of today's models: QK-norm, RoPE, sliding windows, soft-capping, sinks, gates), its
 per-head loop form, the per-head matrices hidden in the fused ones, and random parameters.
 
 Book: part I, 'From one head to h heads'; part IV, 'Attention in today's models'; part II, 'MQA and GQA'.
@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from mha._checks import check_int, head_shape
-from mha.reference.checks import (_EXTRA_KEYS, _check_flag, _check_layer_extras, _check_mha_inputs, _check_seed,
-                                  _heads_array, check_params)
+from mha._checks import check_choice, check_int, head_shape
+from mha.reference.checks import (_EXTRA_KEYS, GATES, _check_flag, _check_layer_extras, _check_mha_inputs,
+                                  _check_seed, _heads_array, check_params)
 from mha.reference.norms import _rms_norm
 from mha.reference.rope import _rotate
 from mha.reference.scaled_dot_product import scaled_dot_product_attention
@@ -83,14 +83,26 @@ def _qk_norm_rope(q, k, p, opts):
     if "q_norm" in p:
         q, k = _rms_norm(q, p["q_norm"], opts.eps), _rms_norm(k, p["k_norm"], opts.eps)
     if opts.rope_base is not None:
-        q = _rotate(q, opts.positions_q, opts.rope_base, opts.rope_style)
-        k = _rotate(k, opts.positions_kv, opts.rope_base, opts.rope_style)
+        q = _rotate(q, opts.positions_q, opts.rope_base, opts.rope_style, rope_dim=opts.rope_dim)
+        k = _rotate(k, opts.positions_kv, opts.rope_base, opts.rope_style, rope_dim=opts.rope_dim)
     return q, k
+
+
+def _sigmoid(a):
+    """``1 / (1 + exp(-a))``, as ``exp(-log(1 + exp(-a)))``: no overflow for large |a|."""
+    return np.exp(-np.logaddexp(0.0, -a))
+
+
+def _gate_heads(x_q, p, dims):
+    """The output gate ``sigmoid(x_q W_gate + b_gate)`` in the heads' layout: (N, h, L_q, 1) for a headwise gate
+    (W_gate (d_model, h): one scalar per head and query, broadcast over head_dim), (N, h, L_q, head_dim) for an
+    elementwise one (W_gate (d_model, h*head_dim): column block i gates head i, as W_q's blocks)."""
+    return split_heads(_sigmoid(_linear(x_q, p["W_gate"], p.get("b_gate"))), dims.n_heads)
 
 
 def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False, need_weights=True, *,
                          positions=None, rope_base=None, rope_style="half", window=None, softcap=None,
-                         qk_norm_eps=1e-6, scale=None):
+                         qk_norm_eps=1e-6, scale=None, gate=None, rope_dim=None):
     """``MultiHead(X_q, X_kv) = Concat(head_1, ..., head_h) W^O + b^O``, ``head_i = Attention(Q_i, K_i, V_i)``.
 
     Fused form: one projection per Q/K/V, reshaped to ``(N, h, L, head_dim)``; with GQA each key/value head is
@@ -106,8 +118,9 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False,
     The parts of today's models, in the order the layer applies them (each off by default, and then the result is
     exactly the one above)::
 
-        q, k, v = x W (+ b), split into heads  ->  QK-norm  ->  RoPE  ->  S = scale q k^T  ->  soft-cap
-        ->  masks (mask, is_causal, window)  ->  softmax with sinks  ->  A v  ->  merge heads, W_o (+ b_o)
+        q, k, v = x W (+ b), split into heads  ->  QK-norm  ->  RoPE (on the first rope_dim coordinates)
+        ->  S = scale q k^T  ->  soft-cap  ->  masks (mask, is_causal, window)  ->  softmax with sinks  ->  A v
+        ->  gate: head_i * sigmoid(x_q W_gate (+ b_gate))  ->  merge heads, W_o (+ b_o)
 
     * QK-norm, when ``params`` has ``q_norm`` and ``k_norm`` (shape ``(head_dim,)``): ``q <- rms_norm(q, q_norm,
       qk_norm_eps)`` per head over head_dim, and k likewise (:func:`rms_norm`; ``qk_norm_eps`` finite > 0).
@@ -117,9 +130,19 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False,
       cross-attention (x_kv given) RoPE needs both, ``positions=(positions_q, positions_kv)``, with no default
       (e.g. a KV cache: x_kv the whole sequence at ``arange(L_kv)``, x_q its last L_q tokens at ``L_kv - L_q +
       arange(L_q)``, with ``is_causal=True``). ``positions`` without ``rope_base`` is refused.
+      ``rope_dim`` (partial RoPE, Qwen3-Next's ``partial_rotary_factor * head_dim``; an even integer <= head_dim,
+      None = head_dim): RoPE of size rope_dim, frequencies ``base^(-2i/rope_dim)``, on the first rope_dim
+      coordinates of each head of q and k (pairs ``(x[i], x[i + rope_dim/2])`` for "half"), the rest unrotated, as
+      Hugging Face's ``apply_rotary_pos_emb`` does; head_dim may then be odd. Refused without ``rope_base``.
     * ``scale`` (finite > 0) replaces ``1/sqrt(head_dim)``; ``softcap``, ``window`` (which implies causal) and the
       sinks, when ``params`` has ``sinks`` (shape ``(h,)``, one logit per query head), are those of
       :func:`scaled_dot_product_attention`. The returned weights exclude the sink column.
+    * Gated attention (Qiu et al. 2025; Qwen3-Next's full-attention layers), ``gate="headwise"`` or
+      ``"elementwise"`` with ``params['W_gate']`` of shape ``(d_model, h)`` or ``(d_model, h*head_dim)`` (and an
+      optional ``b_gate``): each head's output, before the heads are merged and projected by W_o, is multiplied by
+      ``sigmoid(x_q W_gate + b_gate)``, computed from the query-side input: one scalar per head and query position
+      (headwise, broadcast over head_dim) or one per coordinate (elementwise; column block i gates head i). The
+      weights returned are the softmax's, ungated. ``gate`` and W_gate go together: one without the other is refused.
 
     Book: part I, 'From one head to h heads'; part IV, 'Attention in today's models'; GQA/MQA: part II, 'MQA and GQA'.
     """
@@ -127,11 +150,13 @@ def multi_head_attention(x_q, x_kv, params, n_heads, mask=None, is_causal=False,
     x_q, x_kv, p, dims, mask, unbatched = _check_mha_inputs(x_q, x_kv, params, n_heads, mask, is_causal)
     need_weights = _check_flag("need_weights", need_weights)
     opts, mask = _check_layer_extras(self_attention, x_q, x_kv, p, dims, mask, unbatched, positions, rope_base,
-                                     rope_style, window, softcap, qk_norm_eps, scale)
+                                     rope_style, window, softcap, qk_norm_eps, scale, gate, rope_dim)
     q, k, v = _project(x_q, x_kv, p, dims)
     q, k = _qk_norm_rope(q, k, p, opts)  # QK-norm, then RoPE (each only when on)
     n_rep = dims.n_heads // dims.n_kv_heads  # query heads per key/value head
     heads, weights = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, **opts.sdpa)
+    if opts.gate is not None:
+        heads = heads * _gate_heads(x_q, p, dims)  # (N, h, L_q, head_dim) * (N, h, L_q, 1 or head_dim)
     out = _linear(merge_heads(heads), p["W_o"], p.get("b_o"))  # (N, L_q, d_model)
     if unbatched:
         out, weights = out[0], weights[0]
@@ -145,7 +170,7 @@ def head_weights(params, n_heads):
     ``kv_head = i // (h/g)``, ``W_o_i = W_o[i*head_dim:(i+1)*head_dim, :]`` (row block i of W_o), the matching bias
     slices ``b_q_i``, ``b_k_i``, ``b_v_i`` (None when params has no such bias) and ``kv_head`` (an int).
     ``b_o`` is not per head: it is added once after the sum over heads. Arrays are views (float64). The keys of
-    today's models (``q_norm``, ``k_norm``, ``sinks``) are not projection blocks and are not in the dicts.
+    today's models (``q_norm``, ``k_norm``, ``sinks``, ``W_gate``, ``b_gate``) are not in the dicts.
 
     Book: part I, 'From one head to h heads'.
     """
@@ -182,7 +207,7 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_caus
     A Python loop over heads with the separate matrices of ``head_weights``. Concatenating heads and multiplying by
     W^O equals summing ``head_i W_i^O`` over the row blocks W_i^O of W^O, so this equals ``multi_head_attention``
     (same arguments, same return shapes); the book proves it, the tests check it. It is the plain layer: params with
-    ``q_norm``, ``k_norm`` or ``sinks`` are refused (ValueError; ``multi_head_attention`` computes them).
+    ``q_norm``, ``k_norm``, ``sinks`` or ``W_gate`` are refused (ValueError; ``multi_head_attention`` computes them).
 
     Book: part I, 'From one head to h heads'.
     """
@@ -191,7 +216,7 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_caus
     extra = [key for key in _EXTRA_KEYS if key in p]
     if extra:
         raise ValueError(f"multi_head_attention_per_head computes the plain layer, but params has {extra}; use "
-                         f"multi_head_attention for QK-norm and sinks")
+                         f"multi_head_attention for QK-norm, sinks and gates")
     N, L_q, L_kv = x_q.shape[0], x_q.shape[1], x_kv.shape[1]
     if mask is not None:
         mask = np.broadcast_to(mask, (N, dims.n_heads, L_q, L_kv))  # (N, h, L_q, L_kv)
@@ -211,7 +236,7 @@ def multi_head_attention_per_head(x_q, x_kv, params, n_heads, mask=None, is_caus
 
 
 def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, seed=0, *, qk_norm=False,
-                sinks=False):
+                sinks=False, gate=None):
     """Random parameters in the dict convention: entries ~ N(0, 1/fan_in), biases ~ N(0, 0.1^2) (or absent).
 
     ``n_kv_heads`` defaults to ``n_heads`` (MHA); ``head_dim`` to ``d_model // n_heads``. ``bias`` is True or False
@@ -220,14 +245,17 @@ def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, see
 
     ``qk_norm=True`` adds ``q_norm`` and ``k_norm`` (shape ``(head_dim,)``, ``1 + N(0, 0.1^2)``: near the usual
     all-ones start, but not equal to it, so that tests see the weights), ``sinks=True`` adds ``sinks`` (shape
-    ``(n_heads,)``, ``N(0, 0.5^2)``). They are drawn after all the other entries, so the other entries are the same
-    with or without them (both flags True or False).
+    ``(n_heads,)``, ``N(0, 0.5^2)``), ``gate="headwise"`` or ``"elementwise"`` adds ``W_gate`` (``(d_model,
+    n_heads)`` or ``(d_model, n_heads*head_dim)``, ``N(0, 1/d_model)``) and, with ``bias``, ``b_gate``
+    (``N(0, 0.1^2)``). They are drawn after all the other entries, in that order, so the other entries are the same
+    with or without them.
 
     Book: part I, 'From one head to h heads'.
     """
     d_model, n_heads, n_kv_heads, head_dim = head_shape(d_model, n_heads, n_kv_heads, head_dim)
     bias, seed = _check_flag("bias", bias), _check_seed(seed)
     qk_norm, sinks = _check_flag("qk_norm", qk_norm), _check_flag("sinks", sinks)
+    check_choice("gate", gate, GATES)
     rng = np.random.default_rng(seed)
     q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
     shapes = {
@@ -242,4 +270,9 @@ def init_params(d_model, n_heads, n_kv_heads=None, head_dim=None, bias=True, see
         params["k_norm"] = 1.0 + 0.1 * rng.standard_normal(head_dim)
     if sinks:
         params["sinks"] = 0.5 * rng.standard_normal(n_heads)
+    if gate is not None:
+        gate_width = n_heads if gate == "headwise" else q_width
+        params["W_gate"] = rng.standard_normal((d_model, gate_width)) / math.sqrt(d_model)
+        if bias:
+            params["b_gate"] = 0.1 * rng.standard_normal(gate_width)
     return params

@@ -60,8 +60,16 @@ def _check_rope_call(x_name, x, positions, base, style):
     return x, positions, base, style
 
 
-def _rotate(x, positions, base, style, inverse=False):
-    """Turn each pair of coordinates of ``x`` (..., L, d) by ``+-positions * theta_i``. No checks."""
+def _rotate(x, positions, base, style, inverse=False, rope_dim=None):
+    """Turn each pair of coordinates of ``x`` (..., L, d) by ``+-positions * theta_i``. No checks.
+
+    ``rope_dim`` (even, <= d; None = d): partial RoPE, as Hugging Face's ``apply_rotary_pos_emb`` when its cos/sin
+    are narrower than the head (Qwen3-Next's ``partial_rotary_factor``, GLM, Phi): RoPE of size rope_dim on the
+    first rope_dim coordinates (pairs and frequencies ``base^(-2i/rope_dim)`` of a vector of that size), the other
+    d - rope_dim coordinates passed through unchanged."""
+    if rope_dim is not None and rope_dim < x.shape[-1]:
+        turned = _rotate(x[..., :rope_dim], positions, base, style, inverse)
+        return np.concatenate([turned, x[..., rope_dim:]], axis=-1)  # (..., L, d)
     d = x.shape[-1]
     theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,), as rope_frequencies
     angles = positions[..., None] * theta  # (..., L, d/2)
