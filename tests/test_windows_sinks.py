@@ -25,7 +25,8 @@ from mha.experiments.sweep_file import load_sweep
 torch.set_num_threads(1)
 F64 = torch.float64
 REPO = Path(__file__).resolve().parents[1]
-NEW = ("window", "global_every", "sinks", "rope_base")  # ModernModelConfig's own fields
+# ModernModelConfig's own fields
+NEW = ("window", "global_every", "sinks", "rope_base", "gate", "kv_rank", "qk_rope_head_dim")
 
 
 def make(seed=0, **options):

@@ -170,9 +170,35 @@ class ModernModelConfig(ModelConfig):
     # RoPE with this base in every layer's heads, in place of the learned position table (10000 in Llama 2); None:
     # the learned absolute position embedding (nanoGPT's)
     rope_base: float | None = since(None, minimum=0.0, min_inclusive=False)
+    # the output gate of gated attention (book part IV, "Gated attention"): each head's output times sigmoid(x W_gate)
+    # before W_o, one gate per head ("headwise") or per coordinate ("elementwise"); None: no gate
+    gate: str | None = since(None)
+    # multi-head latent attention (book part IV, "Multi-head latent attention") in every layer: the size of the cached
+    # latent c; the heads' keys and values are rebuilt from it (DeepSeek-V3's 512). Needs rope_base. None: per-head
+    # keys and values (MHA, or GQA/MQA with n_kv_heads)
+    kv_rank: int | None = since(None)
+    # with kv_rank: the size of the one RoPE key all heads share (DeepSeek-V3's 64); None: head_dim // 2. Each head
+    # scores with head_dim position-free coordinates plus these, and its values have head_dim coordinates
+    qk_rope_head_dim: int | None = since(None)
 
     def _check_values(self, owner: str) -> None:
         super()._check_values(owner)
+        if self.gate is not None:
+            check_choice(f"{owner}.gate", self.gate, ("headwise", "elementwise"))
+        if self.qk_rope_head_dim is not None and self.kv_rank is None:
+            raise ValueError(f"{owner}.qk_rope_head_dim ({self.qk_rope_head_dim}) is a setting of latent attention: "
+                             f"set kv_rank too")
+        if self.kv_rank is not None:
+            taken = {name: getattr(self, name) for name in ("n_kv_heads", "window", "sinks", "gate")
+                     if getattr(self, name) not in (None, False)}
+            if self.rope_base is None or taken:
+                raise ValueError(f"{owner}.kv_rank ({self.kv_rank}): latent attention needs rope_base and takes none "
+                                 f"of n_kv_heads, window, sinks, gate; got rope_base={self.rope_base}, {taken}")
+            head_dim = self.head_dim or self.d_model // self.n_heads
+            rope = head_dim // 2 if self.qk_rope_head_dim is None else self.qk_rope_head_dim
+            if rope < 2 or rope % 2:
+                raise ValueError(f"{owner}.qk_rope_head_dim must be an even number >= 2 (RoPE rotates pairs), got "
+                                 f"{rope}")
         if self.global_every is not None:
             if self.window is None:
                 raise ValueError(f"{owner}.global_every ({self.global_every}) needs a window: without one every layer "

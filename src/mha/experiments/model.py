@@ -31,6 +31,7 @@ from mha._checks import check_bool, check_float, check_int, check_shape, check_t
 from mha.convert import gqa_to_mha
 from mha.experiments.config import ModelConfig, ModernModelConfig, layer_windows
 from mha.attention import MultiHeadAttention
+from mha.latent import LatentCache, MultiHeadLatentAttention
 from mha.kv_cache import KVCache
 
 __all__ = ["TransformerConfig", "ModernTransformerConfig", "TinyTransformer", "MLP", "Block", "expand_kv_heads"]
@@ -60,8 +61,8 @@ class TransformerConfig(ModelConfig):
 @dataclass(frozen=True)
 class ModernTransformerConfig(TransformerConfig, ModernModelConfig):
     """A :class:`TransformerConfig` with the attention options of
-    :class:`~mha.experiments.config.ModernModelConfig` (window, global_every, sinks, rope_base; their defaults and
-    checks)."""
+    :class:`~mha.experiments.config.ModernModelConfig` (window, global_every, sinks, rope_base, gate, kv_rank,
+    qk_rope_head_dim; their defaults and checks)."""
 
 
 class MLP(nn.Module):
@@ -88,11 +89,19 @@ class Block(nn.Module):
     def __init__(self, config: TransformerConfig, window: int | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
-        self.attn = MultiHeadAttention(
-            config.d_model, config.n_heads, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
-            bias=config.bias, dropout=config.dropout, impl=config.attn_impl,
-            scale=None if config.scale_scores else 1.0, window=window, sinks=getattr(config, "sinks", False),
-            rope_base=getattr(config, "rope_base", None))
+        scale = None if config.scale_scores else 1.0
+        if getattr(config, "kv_rank", None) is not None:  # multi-head latent attention (part IV)
+            head_dim = config.head_dim or config.d_model // config.n_heads
+            self.attn = MultiHeadLatentAttention(
+                config.d_model, config.n_heads, config.kv_rank, qk_nope_head_dim=head_dim,
+                qk_rope_head_dim=config.qk_rope_head_dim or head_dim // 2, v_head_dim=head_dim,
+                rope_base=config.rope_base, rope_style="half", scale=scale)
+        else:
+            self.attn = MultiHeadAttention(
+                config.d_model, config.n_heads, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
+                bias=config.bias, dropout=config.dropout, impl=config.attn_impl, scale=scale, window=window,
+                sinks=getattr(config, "sinks", False), rope_base=getattr(config, "rope_base", None),
+                gate=getattr(config, "gate", None))
         self.resid_dropout = nn.Dropout(config.dropout)
         if config.attention_only:
             self.ln_2, self.mlp = None, None
@@ -101,8 +110,14 @@ class Block(nn.Module):
             self.mlp = MLP(config)
 
     def forward(self, x, need_weights=False, head_mask=None, kv_cache=None):
-        attn_out, weights = self.attn(self.ln_1(x), is_causal=True, need_weights=need_weights,
-                                      kv_cache=kv_cache, head_mask=head_mask)  # (N, L, d_model)
+        if isinstance(self.attn, MultiHeadLatentAttention):
+            if head_mask is not None:
+                raise ValueError("head_mask is not supported with latent attention (kv_rank)")
+            attn_out, weights = self.attn(self.ln_1(x), is_causal=True, need_weights=need_weights,
+                                          kv_cache=kv_cache)  # (N, L, d_model)
+        else:
+            attn_out, weights = self.attn(self.ln_1(x), is_causal=True, need_weights=need_weights,
+                                          kv_cache=kv_cache, head_mask=head_mask)  # (N, L, d_model)
         x = x + self.resid_dropout(attn_out)
         if self.mlp is not None:
             x = x + self.mlp(self.ln_2(x))
@@ -132,8 +147,9 @@ class TinyTransformer(nn.Module):
         self.tok_emb.weight = self.lm_head.weight  # weight tying, as nanoGPT
 
         attn = self.blocks[0].attn
-        self.n_kv_heads = attn.n_kv_heads  # resolved g
-        self.head_dim = attn.head_dim  # resolved head size
+        latent = isinstance(attn, MultiHeadLatentAttention)
+        self.n_kv_heads = attn.n_heads if latent else attn.n_kv_heads  # resolved g (latent: keys rebuilt per head)
+        self.head_dim = attn.v_head_dim if latent else attn.head_dim  # resolved head size
 
         self.apply(self._init_weights)
         residual_std = 0.02 / math.sqrt(2 * config.n_layers)  # GPT-2: scale the projections into the residual
@@ -170,6 +186,10 @@ class TinyTransformer(nn.Module):
         """
         if dtype_bytes is None:
             dtype_bytes = self.lm_head.weight.element_size()
+        attn = self.blocks[0].attn
+        if isinstance(attn, MultiHeadLatentAttention):  # the latent and the shared RoPE key, every layer
+            return counting.latent_kv_cache_bytes(batch, seq_len, len(self.blocks), attn.kv_rank,
+                                                  attn.qk_rope_head_dim, dtype_bytes)
         n_global = sum(window is None for window in self.windows)
         total = 0
         if n_global:
@@ -180,7 +200,7 @@ class TinyTransformer(nn.Module):
                                              self.head_dim, dtype_bytes, window=local)
         return total
 
-    def make_kv_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
+    def make_kv_caches(self, batch_size: int, max_len: int | None = None) -> list[KVCache | LatentCache]:
         """One empty :class:`KVCache` per layer, with the model's dtype and device; ``max_len`` <= block_size. A
         local layer's cache is a ring buffer of its window (``MultiHeadAttention.new_cache``)."""
         max_len = self.config.block_size if max_len is None else max_len
@@ -251,7 +271,8 @@ class TinyTransformer(nn.Module):
                                  f"make_kv_caches), got {type(kv_caches).__name__} of length "
                                  f"{len(kv_caches) if hasattr(kv_caches, '__len__') else '?'}")
             for i, cache in enumerate(kv_caches):
-                check_type(f"kv_caches[{i}]", cache, KVCache, "a mha.KVCache (see make_kv_caches)")
+                check_type(f"kv_caches[{i}]", cache, (KVCache, LatentCache),
+                           "a mha.KVCache or a LatentCache (see make_kv_caches)")
             lengths = [cache.length for cache in kv_caches]
             if len(set(lengths)) > 1:
                 raise ValueError(f"kv_caches hold different numbers of positions {lengths}: the layers' caches must "

@@ -184,7 +184,7 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
             rows += x.shape[0] * (length - min_position)
     finally:
         model.train(was_training)
-    has_sinks = model.blocks[0].attn.sinks is not None
+    has_sinks = getattr(model.blocks[0].attn, "sinks", None) is not None  # (latent attention has none)
     logits = [block.attn.sinks.detach().double().cpu().tolist() for block in model.blocks] if has_sinks else None
     positions = torch.arange(min_position, length, dtype=torch.float64)
     rows_matched = sum(x.shape[0] for x in xs) * len(distances)  # one w[p, 0] per sequence and probed distance
