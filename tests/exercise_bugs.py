@@ -1973,3 +1973,19 @@ def rms_norm_mean_without_keepdims(x, weight, eps=1e-6):
 def rms_norm_torch_in_place(x, weight, eps=1e-6):
     x = _tt(x)
     return x.mul_(torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)).mul_(_tt(weight))
+
+
+# --- part IV: multi-head latent attention --------------------------------------------------------------------------
+# The implementations (correct and buggy) live beside their own tests, in tests/test_exercises_latent.py.
+import test_exercises_latent as _latent  # noqa: E402
+
+CORRECT["check_latent_decode_step"] = list(_latent.CORRECT)
+BUGGY.extend(Bug(b.label, "check_latent_decode_step", b.fn, b.diagnosis, b.kwargs) for b in _latent.BUGGY)
+
+
+# --- part IV: gated attention ----------------------------------------------------------------------------------------
+# The implementations (correct and buggy) live beside their own tests, in tests/test_exercises_gate.py.
+import test_exercises_gate as _gate  # noqa: E402
+
+CORRECT["check_gated_attention"] = list(_gate.CORRECT)
+BUGGY.extend(Bug(b.label, "check_gated_attention", b.fn, b.diagnosis, b.kwargs) for b in _gate.BUGGY)

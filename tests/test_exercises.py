@@ -403,6 +403,8 @@ PART4_PAGES = {  # part IV's chapters (issue 24) and the equations their checker
     catalogue.ROPE_CH: "part4/rope.md",
     catalogue.WINDOWS_CH: "part4/windows_and_sinks.md",
     catalogue.QK_NORM_CH: "part4/qk_norm.md",
+    catalogue.LATENT_CH: "part4/latent_attention.md",  # issue 25
+    catalogue.GATE_CH: "part4/gated_attention.md",
 }
 
 

@@ -35,6 +35,12 @@ Part IV, attention in today's models:
 * ``check_sink_attention(fn)``: ``fn(q, k, v, sinks, mask=None, scale=None) -> (out, weights)``, one sink logit per
   head joining each row's softmax and dropped afterwards.
 * ``check_rms_norm(fn)``: ``fn(x, weight, eps=1e-6)``, RMSNorm over the last axis (QK-norm).
+* ``check_latent_decode_step(fn, style="half")``: ``fn(q_nope, q_rope, c_new, k_rope_new, c_cache, k_rope_cache, W_uk,
+  W_uv) -> (out, c_cache, k_rope_cache)``, one absorbed decoding step of multi-head latent attention: the cache holds
+  one latent and one rotated rotary key per position, every head scores them with its absorbed query.
+* ``check_gated_attention(fn)``: ``fn(x_q, x_kv, params, n_heads, gate, mask=None) -> (out, weights)``, gated
+  multi-head attention: each head's output times ``sigmoid(x_q W_gate + b_gate)`` (``gate="headwise"``: one value
+  per head and query; ``"elementwise"``: one per coordinate) before the heads are merged and projected by W_o.
 
 Conventions (those of ``mha.reference``): row vectors, ``Y = X W``; masks are boolean, True = may attend; a query row
 with no allowed key gets zero weights and a zero output (never NaN); query head j reads key/value head
@@ -66,8 +72,9 @@ calls, comparisons, diagnosis, messages), ``timelimit`` (stopping a call that ru
 known bug computes), and the checkers by topic: ``attention_checks`` (softmax, attention, online softmax),
 ``head_checks`` (split, merge, multi-head attention, repeat_kv), ``decoding_checks`` (causal mask, a decode step),
 ``gradient_checks`` (the backward passes), ``frontier_checks`` (part IV: RoPE, a decode step with RoPE, the
-sliding-window mask, sinks, RMSNorm, whose bugs ``frontier_simulators`` computes). Everything a reader uses is
-imported here.
+sliding-window mask, sinks, RMSNorm, whose bugs ``frontier_simulators`` computes), ``latent_checks`` (part IV:
+multi-head latent attention's absorbed decoding step, with its bugs' simulators). Everything a reader uses is imported
+here. ``gate_checks`` (part IV: gated attention, with its bugs' simulator) is one more checker module.
 """
 
 from mha.exercises.attention_checks import (check_online_softmax_attention, check_scaled_dot_product_attention,
@@ -78,6 +85,8 @@ from mha.exercises.frontier_checks import (check_rms_norm, check_rope, check_rop
                                            check_sliding_window_mask)
 from mha.exercises.gradient_checks import check_scaled_dot_product_attention_grad, check_softmax_backward
 from mha.exercises.head_checks import check_merge_heads, check_multi_head_attention, check_repeat_kv, check_split_heads
+from mha.exercises.latent_checks import check_latent_decode_step
+from mha.exercises.gate_checks import check_gated_attention
 from mha.exercises.runner import ATOL, RTOL, TIMEOUT, ExerciseError, ExerciseTimeout  # noqa: F401 (tolerances)
 
 __all__ = [
@@ -101,4 +110,6 @@ __all__ = [
     "check_sliding_window_mask",
     "check_sink_attention",
     "check_rms_norm",
+    "check_latent_decode_step",
+    "check_gated_attention",
 ]

@@ -3,8 +3,8 @@
 ``Equation`` is a label of the book (``{eq}`label``) and the chapter that derives it; ``KNOWN_BUGS`` maps each bug id
 (``ExerciseError.bug``) to what the buggy code computes, a hint, and the equation it breaks. ``ERROR_HINTS`` are
 hints for exceptions, keyed on a fragment of the exception's message. What each bug *computes* lives in
-``mha.exercises.simulators`` (part IV's checkers: ``mha.exercises.frontier_simulators``); every bug id there is a key
-here.
+``mha.exercises.simulators`` (part IV's checkers: ``mha.exercises.frontier_simulators``; multi-head latent attention:
+``mha.exercises.latent_checks``); every bug id there is a key here.
 """
 
 from __future__ import annotations
@@ -62,6 +62,21 @@ EQ_ROPE_CACHE = Equation("rope-cache", ROPE_CH)
 EQ_WINDOW_MASK = Equation("window-mask", WINDOWS_CH)
 EQ_SINK_SOFTMAX = Equation("sink-softmax", WINDOWS_CH)
 EQ_RMSNORM = Equation("rmsnorm", QK_NORM_CH)
+
+# Part IV, multi-head latent attention: book/part4/latent_attention.md.
+LATENT_CH = "part IV 'Multi-head latent attention (MLA)'"
+
+EQ_MLA_HEAD = Equation("mla-head", LATENT_CH)
+EQ_MLA_CACHE = Equation("mla-cache", LATENT_CH)
+EQ_MLA_ABSORB_SCORE = Equation("mla-absorb-score", LATENT_CH)
+EQ_MLA_ABSORB_OUT = Equation("mla-absorb-out", LATENT_CH)
+EQ_MLA_ROPE_BLOCKS = Equation("mla-rope-blocks", LATENT_CH)
+EQ_MLA_DECODE = Equation("mla-decode-step", LATENT_CH)
+
+# Part IV, gated attention: book/part4/gated_attention.md (its checker and bug simulator: mha.exercises.gate_checks).
+GATE_CH = "part IV 'Gated attention'"
+
+EQ_GATE_LAYER = Equation("gate-layer", GATE_CH)
 
 
 class KnownBug(NamedTuple):
@@ -576,6 +591,119 @@ KNOWN_BUGS: dict[str, KnownBug] = {
         "(silently, when the last two axes have the same length)",
         "np.mean(x**2, axis=-1, keepdims=True) keeps the reduced axis in place for broadcasting.",
         EQ_RMSNORM),
+    # --- part IV: multi-head latent attention (an absorbed decoding step) ------------------------------------------
+    "mla_rope_on_absorbed": KnownBug(
+        "RoPE is applied to the part of the score that carries no position: the no-position query q_nope (or the "
+        "absorbed query q_nope W_uk^T together with the cached latents) is rotated as well, so a rotation that "
+        "depends on the key's position sits between the query and W_uk, which no single absorbed matrix can hold",
+        "rotate q_rope and k_rope only. The score of head i is (q_nope_i W_uk_i^T) c^T + (R q_rope_i)(R k_rope)^T: "
+        "the first term has no rotation at all (that is what lets W_uk_i be absorbed, Proposition "
+        "mla-prop-rope), the second carries the positions.",
+        EQ_MLA_ROPE_BLOCKS),
+    "mla_cache_per_head": KnownBug(
+        "the returned cache holds per-head tensors (the rebuilt keys c W_uk_i, the values c W_uv_i, or the shared "
+        "rotary key copied to every head) instead of one latent and one rotary key per position: n_heads times "
+        "what a head needs, and exactly what multi-head latent attention exists to avoid",
+        "return the latents themselves, c_cache (N, c + T, d_c), and the rotated shared keys, k_rope_cache "
+        "(N, c + T, d_r): concatenate along axis 1. Every head reads the same cached rows; W_uk_i and W_uv_i are "
+        "applied to the query and to the weighted sum, never to the cache (Eq. mla-cache).",
+        EQ_MLA_CACHE),
+    "mla_value_up_forgotten": KnownBug(
+        "W_uv is never applied: out is the weighted sum of the latents, A_i C, of width d_c, instead of "
+        "(A_i C) W_uv_i, of width d_v",
+        "after the weighted sum of latents o_lat = weights @ c_all (N, h, T, d_c), multiply each head by its own "
+        "value up-projection: np.einsum('nhtc,hcd->nhtd', o_lat, W_uv) (Eq. mla-absorb-out).",
+        EQ_MLA_ABSORB_OUT),
+    "mla_scale_nope_only": KnownBug(
+        "the scores are scaled by 1/sqrt(d_n), the width of the no-position part alone, instead of "
+        "1/sqrt(d_n + d_r), the width of a head's whole query and key",
+        "each head's query and key have d_n + d_r coordinates (q_nope and q_rope side by side), so the scale is "
+        "1 / sqrt(q_nope.shape[-1] + q_rope.shape[-1]), the same as the naive layer's.",
+        EQ_MLA_HEAD),
+    "mla_scale_latent_width": KnownBug(
+        "the scores are scaled by 1/sqrt(d_c + d_r), the width of the absorbed query [q_nope W_uk^T, R q_rope] and "
+        "of the cached rows [c, k_rope], instead of 1/sqrt(d_n + d_r)",
+        "absorption only reorders the products: the score is the naive layer's q_i k_i^T, whose width is "
+        "d_n + d_r, so the scale stays 1 / sqrt(d_n + d_r) (Eq. mla-absorb-score), whatever the width of the "
+        "vectors you multiply.",
+        EQ_MLA_ABSORB_SCORE),
+    "mla_no_position_offset": KnownBug(
+        "the new positions are rotated as positions 0 .. T-1 instead of c .. c+T-1: the c cached positions are "
+        "forgotten, so every step rotates its q_rope and k_rope as if it were at the start of the sequence",
+        "positions = c + np.arange(T) with c = c_cache.shape[1]: a token's position counts the cached ones.",
+        EQ_MLA_DECODE),
+    "mla_cache_not_updated": KnownBug(
+        "the returned caches are the old ones: the new latents and rotary keys are not appended",
+        "return np.concatenate([c_cache, c_new], axis=1) and the same for the rotated k_rope: the next step reads "
+        "them.",
+        EQ_MLA_DECODE),
+    # --- part IV: gated attention (the output gate before W^O) -------------------------------------------------------
+    "gate_missing": KnownBug(
+        "there is no gate: the output is the plain layer's Concat(head_1, ..., head_h) W^O + b^O, no head's output "
+        "multiplied by sigmoid(x_q W_gate + b_gate)",
+        "after the attention and before the merge, multiply each head's output (N, h, L_q, head_dim) by its gate: "
+        "G = sigmoid(x_q @ W_gate + b_gate), (N, L_q, h) headwise or (N, L_q, h*head_dim) elementwise, laid out "
+        "like the heads (Eq. gate-layer).",
+        EQ_GATE_LAYER),
+    "gate_no_sigmoid": KnownBug(
+        "the sigmoid is missing: the gate's logits x_q W_gate + b_gate multiply the heads' outputs directly, so the "
+        "'gate' is unbounded and can be negative",
+        "G = 1 / (1 + np.exp(-(x_q @ W_gate + b_gate))): every gate value lies between 0 and 1, and a head's output "
+        "is only ever scaled down (Eq. gate-layer).",
+        EQ_GATE_LAYER),
+    "gate_silu": KnownBug(
+        "the gate is SiLU(a) = a * sigmoid(a) (the gate of a SwiGLU feed-forward network) instead of sigmoid(a)",
+        "the output gate is the sigmoid itself, G = sigmoid(x_q @ W_gate + b_gate), between 0 and 1; SiLU's extra "
+        "factor a makes it unbounded and negative for a < 0.",
+        EQ_GATE_LAYER),
+    "gate_bias_ignored": KnownBug(
+        "b_gate is not added: the gate is sigmoid(x_q W_gate) instead of sigmoid(x_q W_gate + b_gate)",
+        "when params has 'b_gate', add it to the logits before the sigmoid (it has the gate's width: h or "
+        "h*head_dim).",
+        EQ_GATE_LAYER),
+    "gate_after_output_projection": KnownBug(
+        "the gate multiplies the layer's output after W^O (before or after b^O) instead of each head's output "
+        "before W^O",
+        "gate first, then merge and project: Z = heads * G (N, h, L_q, head_dim), out = merge(Z) @ W_o + b_o. W^O "
+        "mixes the coordinates of all heads, so a gate after it is another function (Eq. gate-layer).",
+        EQ_GATE_LAYER),
+    "gate_on_attention_weights": KnownBug(
+        "the headwise gate multiplies the attention weights instead of the heads' outputs: the output comes out "
+        "the same ((g A) V = g (A V)), but the weights returned are gated and their rows no longer sum to 1",
+        "leave the weights alone and gate the outputs A_i V_i; return the softmax's weights, ungated.",
+        EQ_GATE_LAYER),
+    "gate_on_values": KnownBug(
+        "each value v_j is multiplied by the gate of its own key position, sigmoid(x_kv[j] W_gate + b_gate), before "
+        "the weighted sum, instead of each query's output row by the gate of that query",
+        "the gate belongs to the query: multiply row i of head i's output, sum_j a_ij v_j, by "
+        "sigmoid(x_q[i] W_gate + b_gate). A gate on the values depends on the keys' tokens, not on the query's "
+        "(Eq. gate-layer).",
+        EQ_GATE_LAYER),
+    "gate_from_kv_input": KnownBug(
+        "the gate is computed from the keys' and values' input x_kv instead of the queries' input x_q (the same "
+        "thing in self-attention; in cross-attention query i then gets the gate of key position i)",
+        "G = sigmoid(x_q @ W_gate + b_gate): one gate per query position, from the query side (Eq. gate-layer).",
+        EQ_GATE_LAYER),
+    "gate_from_output": KnownBug(
+        "the gate is computed from an output of the attention (the concatenated heads, or the ungated layer "
+        "output) instead of from the layer's input x_q",
+        "the gate reads the same input as the queries, G = sigmoid(x_q @ W_gate + b_gate), and does not depend on "
+        "the attention at all; it multiplies the heads' output Y, it is not computed from it.",
+        EQ_GATE_LAYER),
+    "gate_tiled": KnownBug(
+        "the headwise gate is widened to the concatenated heads with np.tile, so coordinate c of the concatenation "
+        "gets the gate of head c mod n_heads instead of head c // head_dim",
+        "a headwise gate multiplies every coordinate of its own head: np.repeat(G, head_dim, axis=-1) against the "
+        "concatenation, or G.transpose(0, 2, 1)[..., None] against the (N, h, L_q, head_dim) heads.",
+        EQ_GATE_LAYER),
+    "gate_split_no_transpose": KnownBug(
+        "the gate (N, L_q, n_heads) or (N, L_q, n_heads*head_dim) meets the (N, n_heads, L_q, head_dim) heads "
+        "without its head axis moved in front of the positions (a reshape to (N, n_heads, L_q, .) without the "
+        "transpose, or G[..., None] for a headwise gate, which broadcasts silently when L_q = n_heads): positions "
+        "and heads are mixed, as in the split-heads bug",
+        "split the gate like the queries: G.reshape(N, L_q, h, -1).transpose(0, 2, 1, 3), which is (N, h, L_q, 1) "
+        "headwise and (N, h, L_q, head_dim) elementwise.",
+        EQ_GATE_LAYER),
 }
 
 # Hints for exceptions, keyed on a fragment of the exception's message (behaviour, not source code): a hint's
