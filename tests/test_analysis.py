@@ -2,6 +2,7 @@
 explicit loops, closed forms, an eigenvalue formula for principal angles, finite differences of the loss)."""
 
 import copy
+import itertools
 import math
 
 import numpy as np
@@ -339,3 +340,91 @@ def test_prunable_fraction():
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# ------------------------------------------------------------------------------------------------ multiple tests
+def _step_down_by_loops(diffs):
+    """Westfall-Young step-down max-T spelled out from its definition, without sorting: test i's adjusted p is the
+    largest, over the tests j whose observed statistic is at least test i's, of the fraction of sign patterns in which
+    the largest statistic among the tests whose observed statistic is at most test j's reaches test j's observed one.
+    Statistic |mean| / rms (the package's |s . d| / ||d|| times 1 / sqrt(n): the same order)."""
+    names = list(diffs)
+    n = len(diffs[names[0]])
+    patterns = list(itertools.product((1, -1), repeat=n))
+
+    def stat(signs, d):
+        return abs(sum(s * x for s, x in zip(signs, d)) / n) / math.sqrt(sum(x * x for x in d) / n)
+
+    observed = {k: stat(patterns[0], diffs[k]) for k in names}
+
+    def p_of(j):  # the unadjusted step-down p of test j: its max over the tests not above it
+        rest = [k for k in names if observed[k] <= observed[j] * (1 + 1e-12)]
+        hits = sum(max(stat(signs, diffs[k]) for k in rest) >= observed[j] * (1 - 1e-12) for signs in patterns)
+        return hits / len(patterns)
+
+    return {i: max(p_of(j) for j in names if observed[j] >= observed[i] * (1 - 1e-12)) for i in names}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_step_down_max_t_against_loops(seed):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(7)
+    diffs = {"a": base + 0.9, "b": 0.8 * base + 0.3 * rng.standard_normal(7) + 0.4, "c": rng.standard_normal(7),
+             "d": rng.standard_normal(7) + 0.6}
+    got = analysis.max_t_adjusted(diffs, step_down=True)
+    single = analysis.max_t_adjusted(diffs)
+    expected = _step_down_by_loops({k: list(v) for k, v in diffs.items()})
+    for name in diffs:
+        assert got[name]["adjusted"] == pytest.approx(expected[name], abs=1e-12)
+        assert got[name]["raw"] == single[name]["raw"]
+        # step-down is never above single-step, never below the raw p
+        assert got[name]["raw"] - 1e-12 <= got[name]["adjusted"] <= single[name]["adjusted"] + 1e-12
+    # the test with the largest statistic (the smallest raw p here) gets the single-step value
+    top = max(diffs, key=lambda k: abs(diffs[k].sum()) / np.linalg.norm(diffs[k]))
+    assert got[top]["adjusted"] == pytest.approx(single[top]["adjusted"])
+    # adjusted p-values never decrease as the observed statistic falls
+    by_stat = sorted(diffs, key=lambda k: -abs(diffs[k].sum()) / np.linalg.norm(diffs[k]))
+    assert all(got[a]["adjusted"] <= got[b]["adjusted"] + 1e-15 for a, b in zip(by_stat, by_stat[1:]))
+
+
+def test_step_down_max_t_by_hand():
+    """Sign patterns counted by hand.
+
+    Three seeds, a = (1, 1, 1), b = (2, 1, 0): T_a = |s . a| / ||a|| is sqrt 3 in the 2 patterns of equal signs,
+    1/sqrt 3 in the 6 others; |s . b| = |2 s1 + s2| is 3 where s1 = s2 (4 patterns), 1 otherwise, so T_b = 3/sqrt 5 =
+    1.342 or 1/sqrt 5. Observed: T_a = 1.732 > T_b = 1.342. Single-step a: max >= 1.732 in the 2 equal-sign patterns
+    (T_b never reaches it): 2/8; b: max >= 1.342 where s1 = s2 (the equal-sign patterns are among them): 4/8. The raw
+    p-values are the same, and so is step-down.
+
+    Four seeds, a = (1, 1, 1, 1), b = (1, 1, 1, -1): T_a = |sum s| / 2 is 2 in 2 patterns, 1 in 8, 0 in 6; T_b the
+    same with s4 flipped, 2 in (+ + + -) and (- - - +). Observed T_a = 2, T_b = 1. Raw: a 2/16, b 10/16. Single-step:
+    a: max >= 2 in the 2 + 2 patterns where either is 2: 4/16; b: max >= 1 in every pattern (both below 1 needs
+    sum s = 0 and sum s - 2 s4 = 0, so s4 = 0): 16/16. Step-down: a first, 4/16; then b alone: 10/16, already above
+    4/16: 10/16, strictly below single-step's 1.
+    """
+    diffs = {"a": np.array([1.0, 1.0, 1.0]), "b": np.array([2.0, 1.0, 0.0])}
+    single, down = analysis.max_t_adjusted(diffs), analysis.max_t_adjusted(diffs, step_down=True)
+    assert single == {"a": {"raw": 0.25, "adjusted": 0.25}, "b": {"raw": 0.5, "adjusted": 0.5}}
+    assert down == single
+    diffs = {"a": np.array([1.0, 1.0, 1.0, 1.0]), "b": np.array([1.0, 1.0, 1.0, -1.0])}
+    single, down = analysis.max_t_adjusted(diffs), analysis.max_t_adjusted(diffs, step_down=True)
+    assert single == {"a": {"raw": 2 / 16, "adjusted": 4 / 16}, "b": {"raw": 10 / 16, "adjusted": 1.0}}
+    assert down == {"a": {"raw": 2 / 16, "adjusted": 4 / 16}, "b": {"raw": 10 / 16, "adjusted": 10 / 16}}
+    with pytest.raises(TypeError, match="step_down"):
+        analysis.max_t_adjusted(diffs, step_down="yes")
+
+
+def test_holm_by_hand():
+    """p = (0.01, 0.04, 0.03, 0.005): sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04;
+    running maximum 0.02, 0.03, 0.06, 0.06; back in the input order 0.03, 0.06, 0.06, 0.02."""
+    np.testing.assert_allclose(analysis.holm_adjusted([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    got = analysis.holm_adjusted({"x": 0.5, "y": 0.6, "z": 0.001})  # 0.003; 0.5 x 2 = 1.0; max(1.0, 0.6) = 1
+    assert got == pytest.approx({"x": 1.0, "y": 1.0, "z": 0.003})
+    assert analysis.holm_adjusted([0.2]) == pytest.approx([0.2])  # a family of one: nothing to adjust
+    # never below Bonferroni's smallest, never above Bonferroni: min(1, k p) >= Holm >= p
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 0.3, 9)
+    holm = analysis.holm_adjusted(p)
+    assert np.all(holm >= p) and np.all(holm <= np.minimum(1, 9 * p) + 1e-15)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        analysis.holm_adjusted([0.1, 1.2])

@@ -20,7 +20,9 @@ Three groups of functions, one per question of the chapter:
 
 * **Comparing trained models over a few seeds** (book part IV, "Windows and sinks, measured"):
   :func:`paired_sign_flip`, the mean of paired differences with the exact sign-flip test and the interval that
-  inverts it, which holds at any number of seeds (a percentile bootstrap over 5 or 6 seeds covers less than it says).
+  inverts it, which holds at any number of seeds (a percentile bootstrap over 5 or 6 seeds covers less than it says);
+  :func:`max_t_adjusted`, Westfall-Young max-T adjusted p-values for a family of such tests on the same seeds
+  (single-step or step-down), and :func:`holm_adjusted`, Holm's adjustment of raw p-values.
 
 Pattern and redundancy functions take NumPy arrays or torch tensors and compute in float64 NumPy; importance and
 pruning run the torch model.
@@ -44,7 +46,7 @@ __all__ = ["HEAD_CLASSES", "THRESHOLDS", "attention_maps", "offset_profile", "pr
            "induction_score", "repeat_induction_scores", "positional_score", "diffuse_score", "head_scores", "classify_heads",
            "js_divergence", "pairwise_head_js", "off_diagonal", "principal_angles", "subspace_overlap", "head_blocks",
            "pairwise_subspace_overlap", "head_importance", "single_head_ablation", "pruning_masks", "prune_curve",
-           "prunable_fraction", "paired_sign_flip", "max_t_adjusted"]
+           "prunable_fraction", "paired_sign_flip", "max_t_adjusted", "holm_adjusted"]
 
 HEAD_CLASSES = ("induction", "previous-token", "diffuse", "positional", "other")
 """The classes of :func:`classify_heads`, in the order they are tried (the first whose score passes wins)."""
@@ -689,14 +691,25 @@ def paired_sign_flip(a, b, confidence: float = 0.95) -> dict:
                 real=bool(p_observed <= alpha))
 
 
-def max_t_adjusted(diffs: dict) -> dict:
-    """Westfall-Young single-step max-T adjusted p-values for a family of paired tests on the same seeds.
+def max_t_adjusted(diffs: dict, step_down: bool = False) -> dict:
+    """Westfall-Young max-T adjusted p-values for a family of paired tests on the same seeds: single-step (the
+    default) or step-down.
 
     ``diffs``: {name: the n paired differences, in the same seed order}. Every seed's sign is flipped jointly across
-    the family (all 2^n patterns, exactly), so the correlation between the tests is kept. Each test's statistic is
-    |s . d| / ||d||, which orders the patterns as its own sign-flip test does (||d|| does not change with the signs)
-    and puts the tests on one scale. A test's raw p is its own exact sign-flip p (:func:`paired_sign_flip`'s); its
-    adjusted p is the fraction of patterns whose largest statistic over the family reaches the test's observed one.
+    the family (all 2^n patterns, exactly), so the correlation between the tests is kept; this needs the seeds'
+    vectors of differences to be symmetric jointly (each seed's whole vector as likely as its negation), more than
+    each test's own validity. Each test's statistic is |s . d| / ||d||, which orders the patterns as its own
+    sign-flip test does (||d|| does not change with the signs) and puts the tests on one scale. A test's raw p is its
+    own exact sign-flip p (:func:`paired_sign_flip`'s).
+
+    Single-step: a test's adjusted p is the fraction of patterns whose largest statistic over the whole family
+    reaches the test's observed one. Step-down (``step_down=True``, Westfall and Young 1993, algorithm 2.8): order
+    the tests by observed statistic, largest first; the j-th test's p is the fraction of patterns whose largest
+    statistic over the tests from the j-th on (those with observed statistics no larger) reaches its observed one,
+    and the adjusted p-values are then made non-decreasing down the order (each the largest so far). Both control
+    the family-wise error rate under the same assumption; step-down is never larger than single-step, and equal for
+    the test with the largest statistic.
+
     Returns {name: {"raw": p, "adjusted": p}}. Book: part IV, "Windows and sinks, measured".
     """
     names = list(diffs)
@@ -704,6 +717,7 @@ def max_t_adjusted(diffs: dict) -> dict:
     if not names or len(set(sizes.values())) != 1:
         raise ValueError(f"diffs must map each test to the same number of paired differences (the same seeds), got "
                          f"sizes {sizes}")
+    check_type("step_down", step_down, bool, "True or False")
     X = np.array([np.asarray(diffs[k], dtype=float).ravel() for k in names])  # (k, n)
     n = check_int("number of pairs", X.shape[1], minimum=2, maximum=14)
     if not np.all(np.isfinite(X)):
@@ -712,5 +726,35 @@ def max_t_adjusted(diffs: dict) -> dict:
     T = np.abs(signs @ X.T) / np.sqrt((X ** 2).sum(axis=1))  # (2^n, k)
     tol = 1e-12 * T.max()
     raw = (T >= T[0] - tol).mean(axis=0)
-    adjusted = np.array([(T.max(axis=1) >= t - tol).mean() for t in T[0]])
+    if not step_down:
+        adjusted = np.array([(T.max(axis=1) >= t - tol).mean() for t in T[0]])
+    else:
+        order = np.argsort(-T[0], kind="stable")  # largest observed statistic first
+        # successive maxima over the tests from the j-th on: the running max taken from the end of the order
+        tail_max = np.maximum.accumulate(T[:, order][:, ::-1], axis=1)[:, ::-1]  # (2^n, k)
+        stepped = (tail_max >= T[0, order] - tol).mean(axis=0)  # (k,), in the order
+        adjusted = np.empty(len(names))
+        adjusted[order] = np.maximum.accumulate(stepped)  # monotone down the order
     return {k: {"raw": float(r), "adjusted": float(a)} for k, r, a in zip(names, raw, adjusted)}
+
+
+def holm_adjusted(p_values):
+    """Holm's step-down adjustment of raw p-values (Holm 1979): sort them, p_(1) <= ... <= p_(k); the j-th adjusted
+    p is max over i <= j of min(1, (k - i + 1) p_(i)). It controls the family-wise error rate whatever the
+    dependence between the tests, needing only each test's own validity.
+
+    ``p_values``: a dict {name: raw p} (returns {name: adjusted p}) or a 1-D sequence (returns an array in the same
+    order). Book: part IV, "Windows and sinks, measured".
+    """
+    keys = list(p_values) if isinstance(p_values, dict) else None
+    p = np.asarray([p_values[k] for k in keys] if keys is not None else p_values, dtype=float)
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError(f"p_values must be a non-empty dict or 1-D sequence of p-values, got shape {p.shape}")
+    if not np.all((p >= 0) & (p <= 1)):
+        raise ValueError(f"p_values must lie in [0, 1], got {p}")
+    k = p.size
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, (k - np.arange(k)) * p[order])  # (k - i + 1) p_(i), i = 1..k
+    adjusted = np.empty(k)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return dict(zip(keys, adjusted.tolist())) if keys is not None else adjusted
