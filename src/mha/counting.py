@@ -281,7 +281,7 @@ def latent_param_count(d_model, n_heads, kv_rank, qk_nope_head_dim, qk_rope_head
         output    h d_v d                               (W_o)
 
     DeepSeek-V3 (d 7168, h 128, q_r 1536, d_c 512, n 128, r 64, d_v 128): 187,107,328 per layer.
-    Book: part IV, 'Attention in today's models'.
+    Book: part IV, 'Multi-head latent attention (MLA)'.
     """
     d, h, c, n, r, v, q_r = _latent_sizes(d_model, n_heads, kv_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
                                           q_rank)
@@ -318,7 +318,7 @@ def latent_flops_per_token(seq_len, d_model, n_heads, kv_rank, qk_nope_head_dim,
     ``'matmul_total'`` (every product above, what ``FlopCounterMode`` reports for ``mha.MultiHeadLatentAttention``
     per token) and ``'total'`` (plus scale, softmax, rope, norm). Decoding at DeepSeek-V3's sizes is cheaper
     absorbed (no expansion of L_kv latents per step); a prefill is cheaper naive (scores n + r = 192 wide instead
-    of d_c + r = 576). Book: part IV, 'Attention in today's models'.
+    of d_c + r = 576). Book: part IV, 'Multi-head latent attention (MLA)'.
     """
     absorb, decode = check_bool("absorb", absorb), check_bool("decode", decode)
     seq_len = check_int("seq_len", seq_len, minimum=0 if decode else 1)  # decode: the cached positions, maybe none
@@ -346,7 +346,7 @@ def latent_kv_cache_bytes(batch, seq_len, n_layers, kv_rank, qk_rope_head_dim, d
     the number of heads. DeepSeek-V3: 512 + 64 = 576 numbers, where its 128 heads of keys (192) and values (128)
     would cache 128 (192 + 128) = 40,960 (``kv_cache_bytes`` with g = 128 and the mean width 160).
 
-    Book: part IV, 'Attention in today's models'.
+    Book: part IV, 'Multi-head latent attention (MLA)'.
     """
     names = ("batch", "seq_len", "n_layers", "kv_rank", "qk_rope_head_dim", "dtype_bytes")
     values = (batch, seq_len, n_layers, kv_rank, qk_rope_head_dim, dtype_bytes)

@@ -1,7 +1,7 @@
 """``MultiHeadLatentAttention`` (MLA: DeepSeek-V2, DeepSeek-V3, Kimi K2) and ``LatentCache``, the cache that holds
 only its latent vectors and its shared rotary keys.
 
-Book: part IV, 'Attention in today's models' (multi-head latent attention). The layer, its ``params`` dict and why
+Book: part IV, 'Multi-head latent attention (MLA)'. The layer, its ``params`` dict and why
 the two forms are one function are derived in ``mha.reference.latent``'s docstring, the NumPy float64 twin this
 module is tested against. In short (row vectors, n = qk_nope_head_dim, r = qk_rope_head_dim, d_c = kv_rank)::
 
@@ -13,7 +13,10 @@ then the heads concatenated and W_o. The cache stores c (d_c per token) and the 
 numbers per token and layer for DeepSeek-V3, where 128 heads of keys and values would be 40,960.
 
 Which form runs: ``forward(..., absorb=None)`` takes the absorbed form for a decoding step (a ``kv_cache`` and one new
-token) and the naive one otherwise. One query against L cached latents is cheapest absorbed (no L x h expansion of
+token) and the naive one otherwise. That is this package's choice, by the counts below: DeepSeek's inference code
+(inference/model.py, attn_impl "absorb", its default) runs both absorbed, and Hugging Face's ``DeepseekV3Attention``
+(transformers 5.24) runs both naive, re-expanding every cached latent with kv_b_proj at each step; all three cache
+the latent and the rotated shared key. One query against L cached latents is cheapest absorbed (no L x h expansion of
 keys and values per step); a prefill of L queries is cheapest naive (the expansion is paid once per token, and
 its scores are n + r wide instead of d_c + r): ``mha.counting.latent_flops_per_token`` counts both. ``absorb=True``
 or ``False`` forces one; both give the same result (to rounding), with or without a cache.

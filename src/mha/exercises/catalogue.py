@@ -593,20 +593,23 @@ KNOWN_BUGS: dict[str, KnownBug] = {
         EQ_RMSNORM),
     # --- part IV: multi-head latent attention (an absorbed decoding step) ------------------------------------------
     "mla_rope_on_absorbed": KnownBug(
-        "RoPE is applied to the part of the score that carries no position: the no-position query q_nope (or the "
-        "absorbed query q_nope W_uk^T together with the cached latents) is rotated as well, so a rotation that "
-        "depends on the key's position sits between the query and W_uk, which no single absorbed matrix can hold",
+        "RoPE is applied to the part of the score that carries no position. Either q_nope is rotated at the query's "
+        "position, which the layer never does (it rotates q_rope only; q_nope gets no rotation at all), or the "
+        "absorbed query q_nope W_uk^T and every cached latent are rotated at their positions, so that a rotation "
+        "that depends on the key's position sits between the query and W_uk, which no single absorbed matrix can "
+        "hold",
         "rotate q_rope and k_rope only. The score of head i is (q_nope_i W_uk_i^T) c^T + (R q_rope_i)(R k_rope)^T: "
         "the first term has no rotation at all (that is what lets W_uk_i be absorbed, Proposition "
         "mla-prop-rope), the second carries the positions.",
-        EQ_MLA_ROPE_BLOCKS),
+        EQ_MLA_ABSORB_SCORE),
     "mla_cache_per_head": KnownBug(
         "the returned cache holds per-head tensors (the rebuilt keys c W_uk_i, the values c W_uv_i, or the shared "
         "rotary key copied to every head) instead of one latent and one rotary key per position: n_heads times "
         "what a head needs, and exactly what multi-head latent attention exists to avoid",
-        "return the latents themselves, c_cache (N, c + T, d_c), and the rotated shared keys, k_rope_cache "
-        "(N, c + T, d_r): concatenate along axis 1. Every head reads the same cached rows; W_uk_i and W_uv_i are "
-        "applied to the query and to the weighted sum, never to the cache (Eq. mla-cache).",
+        "return the latents themselves, c_cache (N, P + T, d_c), and the rotated shared keys, k_rope_cache "
+        "(N, P + T, d_r), P = c_cache.shape[1] being the cached positions: concatenate along axis 1. Every head "
+        "reads the same cached rows; W_uk_i and W_uv_i are applied to the query and to the weighted sum, never to "
+        "the cache (Eq. mla-cache).",
         EQ_MLA_CACHE),
     "mla_value_up_forgotten": KnownBug(
         "W_uv is never applied: out is the weighted sum of the latents, A_i C, of width d_c, instead of "
@@ -623,14 +626,14 @@ KNOWN_BUGS: dict[str, KnownBug] = {
     "mla_scale_latent_width": KnownBug(
         "the scores are scaled by 1/sqrt(d_c + d_r), the width of the absorbed query [q_nope W_uk^T, R q_rope] and "
         "of the cached rows [c, k_rope], instead of 1/sqrt(d_n + d_r)",
-        "absorption only reorders the products: the score is the naive layer's q_i k_i^T, whose width is "
-        "d_n + d_r, so the scale stays 1 / sqrt(d_n + d_r) (Eq. mla-absorb-score), whatever the width of the "
+        "absorption computes the same score as the naive layer, q_i k_i^T, whose vectors have d_n + d_r "
+        "coordinates, so the scale stays 1 / sqrt(d_n + d_r) (Eq. mla-decode-step), whatever the width of the "
         "vectors you multiply.",
-        EQ_MLA_ABSORB_SCORE),
+        EQ_MLA_DECODE),
     "mla_no_position_offset": KnownBug(
-        "the new positions are rotated as positions 0 .. T-1 instead of c .. c+T-1: the c cached positions are "
+        "the new positions are rotated as positions 0 .. T-1 instead of P .. P+T-1: the P cached positions are "
         "forgotten, so every step rotates its q_rope and k_rope as if it were at the start of the sequence",
-        "positions = c + np.arange(T) with c = c_cache.shape[1]: a token's position counts the cached ones.",
+        "positions = P + np.arange(T) with P = c_cache.shape[1]: a token's position counts the cached ones.",
         EQ_MLA_DECODE),
     "mla_cache_not_updated": KnownBug(
         "the returned caches are the old ones: the new latents and rotary keys are not appended",

@@ -2,7 +2,7 @@
 what its known bugs compute.
 
 The step (book Eq. mla-decode-step; row vectors; n = d_n, r = d_r as the chapter writes them): the new queries, at
-positions c .. c+T-1 after c cached ones, score every cached row [c_j, k_rope_j] with the absorbed query
+positions P .. P+T-1 after P cached ones, score every cached row [c_j, k_rope_j] with the absorbed query
 [q_nope_i W_uk_i^T, R q_rope_i], scale 1/sqrt(d_n + d_r), causal bottom-right; head i's output is the weighted sum of
 the latents times W_uv_i; the cache grows by the new latents and the new rotary keys, rotated once at their positions.
 
@@ -55,8 +55,8 @@ def _latent_expected(q_nope, q_rope, c_new, kr_new, c_cache, kr_cache, W_uk, W_u
     """(out, c_cache, k_rope_cache) of the step, by rebuilding the heads' keys and values and attending over them."""
     cached, T = c_cache.shape[1], q_nope.shape[2]
     positions = cached + np.arange(T)  # the new tokens' absolute positions
-    c_all = np.concatenate([c_cache, c_new], axis=1)  # (N, c + T, d_c)
-    kr_all = np.concatenate([kr_cache, reference.rope(kr_new, positions, style=style)], axis=1)  # (N, c + T, d_r)
+    c_all = np.concatenate([c_cache, c_new], axis=1)  # (N, P + T, d_c)
+    kr_all = np.concatenate([kr_cache, reference.rope(kr_new, positions, style=style)], axis=1)  # (N, P + T, d_r)
     k, v = _rebuilt_keys_values(c_all, kr_all, W_uk, W_uv)
     q = np.concatenate([q_nope, reference.rope(q_rope, positions, style=style)], axis=-1)  # (N, h, T, d_n + d_r)
     out, _ = reference.scaled_dot_product_attention(q, k, v, mask=reference.causal_mask(T, cached + T))
@@ -73,11 +73,13 @@ def _sim_latent_decode(q_nope, q_rope, c_new, kr_new, c_cache, kr_cache, W_uk, W
                        value_up=True, mask="bottom_right", attend_new=True, shift="row", cache="append"):
     """The absorbed step the way a given bug computes it (defaults: the book's step, Eq. mla-decode-step).
 
-    offset: the new positions are c .. c+T-1 (False: 0 .. T-1); rotate: which of q_rope ('q') and k_rope_new ('k')
-    are rotated; pairing: RoPE's pairing (None: ``style``; the other one: the wrong convention); rope_nope: None, 'query' (q_nope rotated at the query positions too) or 'latent' (the absorbed
-    query and every cached latent rotated at their positions, for the scores); after_caching: None, 'raw' (the new
-    rotary keys cached unrotated, rotated only to attend) or 'rerotate' (cached unrotated, and the whole rotary cache
-    rotated at 0 .. c+T-1 to attend: the given cache turns twice); scale_rule: 'nope+rope' (1/sqrt(d_n + d_r)),
+    offset: the new positions are P .. P+T-1 (False: 0 .. T-1); rotate: which of q_rope ('q') and k_rope_new ('k')
+    are rotated; pairing: RoPE's pairing (None: ``style``; the other one: the wrong convention); rope_nope: None,
+    'query' (q_nope rotated at the query positions: only the query, by R_m, a rotation the layer does not apply to
+    q_nope) or 'latent' (the absorbed query and every cached latent rotated at their positions, for the scores: a
+    rotation by the key's position, which no absorbed matrix can hold); after_caching: None, 'raw' (the new rotary
+    keys cached unrotated, rotated only to attend) or 'rerotate' (cached unrotated, and the whole rotary cache rotated
+    at 0 .. P+T-1 to attend: the given cache turns twice); scale_rule: 'nope+rope' (1/sqrt(d_n + d_r)),
     'nope' (1/sqrt(d_n)), 'latent' (1/sqrt(d_c + d_r)); value_up: W_uv applied after the weighted sum; mask:
     'bottom_right', 'top_left', 'none'; attend_new: the new positions attend to themselves; shift: the softmax's
     ('row' or 'none'); cache: 'append' or 'none' (the old caches returned).
@@ -91,9 +93,9 @@ def _sim_latent_decode(q_nope, q_rope, c_new, kr_new, c_cache, kr_cache, W_uk, W
 
     q_r = turn(q_rope, positions) if "q" in rotate else q_rope  # (N, h, T, d_r)
     kr_turned = turn(kr_new, positions) if "k" in rotate else kr_new  # (N, T, d_r)
-    c_all = np.concatenate([c_cache, c_new], axis=1)  # (N, c + T, d_c)
+    c_all = np.concatenate([c_cache, c_new], axis=1)  # (N, P + T, d_c)
     if after_caching is None:
-        kr_seen = kr_kept = np.concatenate([kr_cache, kr_turned], axis=1)  # (N, c + T, d_r)
+        kr_seen = kr_kept = np.concatenate([kr_cache, kr_turned], axis=1)  # (N, P + T, d_r)
     else:
         kr_kept = np.concatenate([kr_cache, kr_new], axis=1)  # what this bug caches: raw new keys
         kr_seen = (turn(kr_kept, np.arange(cached + T)) if after_caching == "rerotate"
@@ -249,23 +251,23 @@ def check_latent_decode_step(fn, *, style: str = "half", backend: str = "auto",
     """Check one absorbed decoding step of multi-head latent attention over a latent cache,
     ``fn(q_nope, q_rope, c_new, k_rope_new, c_cache, k_rope_cache, W_uk, W_uv) -> (out, c_cache, k_rope_cache)``.
 
-    The T new positions (T = 1 is a decoding step, T > 1 a prefill or a chunk) sit at c .. c+T-1 after c cached
+    The T new positions (T = 1 is a decoding step, T > 1 a prefill or a chunk) sit at P .. P+T-1 after P cached
     ones. ``q_nope`` ``(N, n_heads, T, d_n)``: their queries' no-position parts; ``q_rope`` ``(N, n_heads, T, d_r)``:
     their rotary parts, not yet rotated; ``c_new`` ``(N, T, d_c)``: their latents (already normalised);
-    ``k_rope_new`` ``(N, T, d_r)``: their shared rotary keys, not yet rotated; ``c_cache`` ``(N, c, d_c)`` and
-    ``k_rope_cache`` ``(N, c, d_r)``: those of the earlier positions, the rotary keys stored rotated (c may be 0);
+    ``k_rope_new`` ``(N, T, d_r)``: their shared rotary keys, not yet rotated; ``c_cache`` ``(N, P, d_c)`` and
+    ``k_rope_cache`` ``(N, P, d_r)``: those of the earlier positions, the rotary keys stored rotated (P may be 0);
     ``W_uk`` ``(n_heads, d_c, d_n)`` and ``W_uv`` ``(n_heads, d_c, d_v)``: head i's key and value up-projections.
 
     Rotate q_rope and k_rope_new at their positions (RoPE with base 10000, pairing ``style`` as in ``check_rope``);
     append the latents and the rotated rotary keys to the caches; score every cached row [c_j, k_rope_j] with the
     absorbed query [q_nope_i W_uk_i^T, R q_rope_i], scale ``1/sqrt(d_n + d_r)``, causal mask aligned bottom-right
-    (new query t sees rows j <= c + t); head i's output is the weighted sum of the latents times ``W_uv_i``. Return
-    ``out`` ``(N, n_heads, T, d_v)`` (the heads, before W^O) and the caches ``(N, c + T, d_c)`` and
-    ``(N, c + T, d_r)``. Rebuilding each head's keys and values gives the same numbers and passes too.
+    (new query t sees rows j <= P + t); head i's output is the weighted sum of the latents times ``W_uv_i``. Return
+    ``out`` ``(N, n_heads, T, d_v)`` (the heads, before W^O) and the caches ``(N, P + T, d_c)`` and
+    ``(N, P + T, d_r)``. Rebuilding each head's keys and values gives the same numbers and passes too.
 
-    Cases: one step, a prefill into empty caches, a chunk after a cache, more heads, one head far into a sequence,
-    non-contiguous inputs, large logits, and a whole decode of a layer's attention that feeds back the caches you
-    return. Book: part IV, 'Multi-head latent attention (MLA)' (Eqs. mla-decode-step, mla-absorb-score,
+    Cases: one step, a prefill into empty caches, a chunk after a cache, four narrow heads, one head far into a
+    sequence, non-contiguous inputs, large logits, and a whole decode of a layer's attention that feeds back the
+    caches you return. Book: part IV, 'Multi-head latent attention (MLA)' (Eqs. mla-decode-step, mla-absorb-score,
     mla-absorb-out, mla-cache).
     """
     style = check_choice("style", style, _STYLES)
@@ -276,9 +278,9 @@ def check_latent_decode_step(fn, *, style: str = "half", backend: str = "auto",
                      note="With empty caches the new positions are 0 .. T-1; the returned caches hold the T latents "
                           "and the T rotated rotary keys."),
         _latent_case("a chunk after a cache", rng, style, T=3, cached=5,
-                     note="New query t sits at position c + t: rotate its q_rope (and its k_rope) there, and let it "
-                          "see the rows j <= c + t."),
-        _latent_case("more heads than latent coordinates per head", rng, style, h=4, d_c=8, d_n=2, d_r=2, d_v=5,
+                     note="New query t sits at position P + t, P the cached positions: rotate its q_rope (and its "
+                          "k_rope) there, and let it see the rows j <= P + t."),
+        _latent_case("four narrow heads, h d_n = d_c", rng, style, h=4, d_c=8, d_n=2, d_r=2, d_v=5,
                      cached=6),
         _latent_case("one head, a batch of one, far into the sequence", rng, style, N=1, h=1, d_c=10, d_n=6, d_r=8,
                      d_v=4, cached=40),

@@ -23,15 +23,19 @@ Why the absorbed form is the same function. The key of head i is the latent time
 and ``head_i = A_i (c W_uv_i) = (A_i c) W_uv_i`` by associativity. So W_uk_i is absorbed into the query
 (``q_lat_i = q_nope_i W_uk_i^T``, width d_c) and W_uv_i applied after the weighted sum of latents: every head
 attends over the same cached rows ``[c, k_rope]`` (one key head of width d_c + r, as in MQA) and the per-head keys
-and values are never built. Same scores, same weights, same output; only the order of the products changes
-(and the cost: see ``mha.counting.latent_flops_per_token``). (W_uk_i could be folded further into W_uq, and
-W_uv_i into W_o; DeepSeek keeps them apart, and so do we.)
+and values are never built. Same scores, same weights, same output: the same function, computed with other products
+(at another cost: see ``mha.counting.latent_flops_per_token``). DeepSeek-V2's report words the trick as folding
+(W_uk "can be absorbed into" W_q, and W_uv into W_o); DeepSeek's inference code (deepseek-ai/DeepSeek-V3,
+inference/model.py, attn_impl "absorb") keeps the factors and applies the blocks of wkv_b to q_nope and to the
+weighted sum of latents at run time, and so do we: a folded matrix would be larger (the book's Exercise 2 counts
+by how much).
 
-Why the rope part must be decoupled. Were the whole key rotated, ``k_i(p) = c_p W_uk_i R_p`` (R_p the RoPE rotation at
-position p, orthogonal, ``R_m R_p^T = R_{m-p}``), the score of a query at m would be
-``q_i R_m (c_p W_uk_i R_p)^T = q_i R_{m-p} W_uk_i^T c_p^T``: a rotation that depends on the key's position sits
-between the query and W_uk_i^T, and matrix products do not commute, so no single matrix folds W_uk_i into the query
-(it would be one per distance m - p). Hence the split: the ``n`` "nope" coordinates carry no position and absorb
+Why the rope part must be decoupled. RoPE acts on row vectors as ``u -> u R_p^T`` (R_p the rotation at position p,
+orthogonal, ``R_m^T R_p = R_{p-m}``), as in the book. Were the whole key rotated, ``k_i(p) = c_p W_uk_i R_p^T``, the
+score of a query ``q_i R_m^T`` at m would be ``q_i R_m^T (c_p W_uk_i R_p^T)^T = q_i R_{p-m} W_uk_i^T c_p^T``: a
+rotation that depends on the key's position sits between the query and W_uk_i^T, and matrix products do not
+commute, so no single matrix folds W_uk_i into the query, even for one query position m (it would be one per
+distance p - m). Hence the split: the ``n`` "nope" coordinates carry no position and absorb
 W_uk_i; the ``r`` rotary coordinates come from their own projection, ``k_rope`` (cached after rotation, shared by
 the heads) and ``q_rope_i``.
 
@@ -47,10 +51,11 @@ place; the two differ by the same permutation P of the r coordinates of q_rope a
 (d_model, h (n + r))`` or all of ``W_dq (d_model, q_rank)``, ``q_norm (q_rank,)``, ``W_uq (q_rank, h (n + r))``. So
 W_dq = q_a_proj.weight.T, W_uq = q_b_proj.weight.T, W_dkv = kv_a_proj_with_mqa.weight.T, W_ukv = kv_b_proj.weight.T,
 W_o = o_proj.weight.T and the norms are q_a_layernorm.weight, kv_a_layernorm.weight. No biases (DeepSeek's
-``attention_bias=False``). Scale: ``(n + r)^-0.5`` by default, as Hugging Face's for default RoPE (YaRN's mscale
-would multiply it; not here).
+``attention_bias=False``). Scale: ``(n + r)^-0.5`` by default, as Hugging Face's for default RoPE. The released
+DeepSeek-V3 and Kimi K2 use YaRN, which multiplies it by ``(0.1 mscale ln(factor) + 1)^2`` (1.874 for DeepSeek-V3's
+factor 40): pass ``scale=`` for that; YaRN's rescaled frequencies are not implemented.
 
-Book: part IV, 'Attention in today's models' (multi-head latent attention).
+Book: part IV, 'Multi-head latent attention (MLA)'.
 """
 
 from __future__ import annotations
@@ -259,7 +264,7 @@ def multi_head_latent_attention(x, params, n_heads, *, qk_nope_head_dim, qk_rope
     the epsilon of both RMSNorms (q_norm, kv_norm). TypeError/ValueError before any computation, naming the
     argument, for anything else (NaN or inf in x or params included).
 
-    Book: part IV, 'Attention in today's models' (multi-head latent attention).
+    Book: part IV, 'Multi-head latent attention (MLA)'.
     """
     x, p, dims, opts, unbatched = _check_inputs(x, params, n_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
                                                 is_causal, positions, rope_base, rope_style, scale, norm_eps)
@@ -294,7 +299,7 @@ def multi_head_latent_attention_grad(x, params, n_heads, grad_out, *, qk_nope_he
                                    dW_dq = x^T dc_q,  dx += dc_q W_dq^T
 
     (Parameter gradients sum over the batch and the positions.) Book: part II, 'The backward pass'; part IV,
-    'Attention in today's models'.
+    'Multi-head latent attention (MLA)'.
     """
     x, p, dims, opts, unbatched = _check_inputs(x, params, n_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
                                                 is_causal, positions, rope_base, rope_style, scale, norm_eps)
