@@ -238,6 +238,21 @@ def test_first_token_attention_equals_the_reference(options):
                     other_m[layer] += np.mean([r[layer][n, :, q, q - p] for q in range(p + 1, 16)], axis=0)
     np.testing.assert_allclose(got["first_token_matched"], first_m / (2 * 3 * 5), atol=1e-12)
     np.testing.assert_allclose(got["matched"], other_m / (2 * 3 * 5), atol=1e-12)
+    # the within-row log-odds, spelled out: position 0 against its neighbour, and keys at distance p against theirs
+    first_l, other_l = np.zeros((4, 4)), np.zeros((4, 4))
+    for r in rows if not options.get("window") else ():  # with a window some weights are 0: no log-odds
+        for layer in range(4):
+            a = r[layer]
+            for n in range(3):
+                for p in range(10, 15):
+                    first_l[layer] += np.log(a[n, :, p, 0]) - np.log(a[n, :, p, 1])
+                    other_l[layer] += np.mean([np.log(a[n, :, q, q - p]) - np.log(a[n, :, q, q - p + 1])
+                                               for q in range(p + 1, 16)], axis=0)
+    if options.get("window"):  # position 0 is outside the local layers' windows: no log-odds
+        assert got["first_token_logodds"] is None and got["matched_logodds"] is None
+    else:
+        np.testing.assert_allclose(got["first_token_logodds"], first_l / (2 * 3 * 5), atol=1e-9)
+        np.testing.assert_allclose(got["matched_logodds"], other_l / (2 * 3 * 5), atol=1e-9)
     assert first_token_attention(model, batches, min_position=15)["matched"] is None  # no later query: no baseline
     if options.get("sinks"):
         np.testing.assert_allclose(got["sink"], sink, atol=1e-12)

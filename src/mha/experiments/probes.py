@@ -143,14 +143,24 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     ``matched`` the mean weight on the tokens at distance p from the queries after p (the diagonal of the weights p
     below the main one, without its first entry); p = L - 1 has no such token and is left out of both.
 
+    That pair is biased by row length: the later queries' rows have more keys, so larger softmax denominators, and a
+    head that attends by distance alone gives position 0 more than its matched keys (uniform causal attention: about
+    1.2 times, at L = 64 from position 32). The within-row comparison has no such bias: in one row, log a_pj -
+    log a_pk = s_pj - s_pk whatever the denominator (and a sink logit cancels too). ``first_token_logodds``
+    averages log a_p0 - log a_p1 (position 0 against its neighbour, at distances p and p - 1), ``matched_logodds``
+    the same for the keys at distance p of the later queries, log a_q,q-p - log a_q,q-p+1, over the same p; a head
+    whose scores depend on distance alone gives the two the same value, so their difference is what position 0
+    gets beyond its distance.
+
     ``batches``: token ids (N, L), or ``(x, y)`` pairs as a task's ``get_batch`` gives them (y is not read), all of
     one length L. ``min_position`` defaults to L // 2 (the second half of the context).
 
     Returns a dict: ``first_token`` (n_layers, h) and ``sink`` (n_layers, h) or None (no sink logits), as nested
     lists; ``sink_logits`` (n_layers, h), the learned logits z, or None; ``uniform``, the first-token mass that
     uniform causal attention would give over the same queries (the mean of 1 / (p + 1)); ``first_token_matched`` and
-    ``matched`` (n_layers, h), the distance-matched pair above; ``min_position``; ``length`` (L); ``queries`` (how
-    many query rows each ``first_token`` number averages).
+    ``matched`` (n_layers, h), the distance-matched pair above; ``first_token_logodds`` and ``matched_logodds``
+    (n_layers, h), the within-row comparison above, or None where a weight it needs is 0 (a key outside a window);
+    ``min_position``; ``length`` (L); ``queries`` (how many query rows each ``first_token`` number averages).
     """
     check_type("model", model, TinyTransformer, "a TinyTransformer")
     xs = [batch[0] if isinstance(batch, (tuple, list)) else batch for batch in batches]
@@ -166,6 +176,9 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     sink = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     first_matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    first_logodds = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    matched_logodds = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    logodds_defined = True
     distances = range(min_position, length - 1)  # p = L - 1: no later query sees a token at that distance
     rows = 0
     was_training = model.training
@@ -181,6 +194,14 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
                     diagonal = torch.diagonal(w.double(), offset=-p, dim1=-2, dim2=-1)  # (N, h, L - p): w[p+i, i]
                     first_matched[layer] += diagonal[..., 0].sum(dim=0).cpu()  # (h,): w[p, 0]
                     matched[layer] += diagonal[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): mean of w[q, q-p]
+                    # one key nearer: (N, h, L - p + 1), w[p-1+i, i]; so w[p, 1] is entry 1, w[q, q-p+1] entries 2..
+                    nearer = torch.diagonal(w.double(), offset=-(p - 1), dim1=-2, dim2=-1)[..., 1:]  # (N, h, L - p)
+                    if logodds_defined and bool((diagonal == 0).any() or (nearer == 0).any()):
+                        logodds_defined = False  # a key outside a window: no log-odds
+                    if logodds_defined:
+                        log_ratio = diagonal.log() - nearer.log()  # (N, h, L - p): log w[q, q-p] / w[q, q-p+1]
+                        first_logodds[layer] += log_ratio[..., 0].sum(dim=0).cpu()  # (h,): q = p, position 0
+                        matched_logodds[layer] += log_ratio[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): q > p
             rows += x.shape[0] * (length - min_position)
     finally:
         model.train(was_training)
@@ -192,6 +213,10 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
                 sink_logits=logits, uniform=float((1.0 / (positions + 1)).mean()),
                 first_token_matched=(first_matched / rows_matched).tolist() if rows_matched else None,
                 matched=(matched / rows_matched).tolist() if rows_matched else None,
+                first_token_logodds=(first_logodds / rows_matched).tolist() if rows_matched and logodds_defined
+                else None,
+                matched_logodds=(matched_logodds / rows_matched).tolist() if rows_matched and logodds_defined
+                else None,
                 min_position=min_position, length=length, queries=rows)
 
 
