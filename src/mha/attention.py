@@ -53,7 +53,7 @@ from torch import nn
 from mha._checks import (attention_scale, check_bool, check_choice, check_float, check_int, check_like, check_type,
                          head_shape)
 from mha.kv_cache import KVCache
-from mha.rope import ROPE_STYLES, apply_rope, rms_norm, rope_cos_sin, window_mask
+from mha.rope import ROPE_STYLES, apply_rope, check_positions, rms_norm, rope_cos_sin, window_mask
 
 __all__ = ["MultiHeadAttention", "causal_mask"]
 
@@ -528,17 +528,7 @@ class MultiHeadAttention(nn.Module):
         if self.rope_base is None:
             raise ValueError("positions are RoPE's positions, but this module has no RoPE (rope_base=None): pass "
                              "positions=None, or build the module with rope_base=...")
-        check_type("positions", positions, torch.Tensor, "an integer torch.Tensor or None")
-        if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-            raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-        shapes = [(l_q,)] if unbatched else [(l_q,), (n, l_q)]
-        if tuple(positions.shape) not in shapes:
-            expected = f"(L_q,) = ({l_q},)" + ("" if unbatched else f" or (N, L_q) = ({n}, {l_q})")
-            raise ValueError(f"positions must have shape {expected}, got shape {tuple(positions.shape)}")
-        if positions.device != device:
-            raise ValueError(f"device mismatch: positions is on {positions.device}, x_q is on {device}")
-        if positions.device.type == "cpu" and bool((positions < 0).any()):  # host memory: no device sync
-            raise ValueError(f"positions must be integers >= 0, got a minimum of {int(positions.min())}")
+        check_positions(positions, n, l_q, unbatched, device)
 
     def _check_width_and_length(self, name: str, x: torch.Tensor) -> None:
         """x (.., L, d_model) with d_model the module's and at least one position."""

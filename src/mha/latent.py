@@ -37,7 +37,7 @@ from torch import nn
 from mha._checks import attention_scale, check_bool, check_choice, check_float, check_int, check_like, check_type
 from mha.attention import causal_mask
 from mha.kv_cache import _check_device
-from mha.rope import ROPE_STYLES, apply_rope, rms_norm, rope_cos_sin
+from mha.rope import ROPE_STYLES, apply_rope, check_positions, rms_norm, rope_cos_sin
 
 __all__ = ["MultiHeadLatentAttention", "LatentCache"]
 
@@ -345,24 +345,10 @@ class MultiHeadLatentAttention(nn.Module):
                                  f"(build it with module.new_cache(batch_size, max_len))")
             kv_cache.check_append(n, l_q, x.dtype, x.device, owner=self)
         if positions is not None:
-            self._check_positions(positions, n, l_q, unbatched, x.device)
+            check_positions(positions, n, l_q, unbatched, x.device, length="L", tensor="x")
         if absorb is None:
             absorb = kv_cache is not None and l_q == 1  # a decoding step
         return unbatched, absorb
-
-    @staticmethod
-    def _check_positions(positions, n, l_q, unbatched, device) -> None:
-        check_type("positions", positions, torch.Tensor, "an integer torch.Tensor or None")
-        if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-            raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-        shapes = [(l_q,)] if unbatched else [(l_q,), (n, l_q)]
-        if tuple(positions.shape) not in shapes:
-            expected = f"(L,) = ({l_q},)" + ("" if unbatched else f" or (N, L) = ({n}, {l_q})")
-            raise ValueError(f"positions must have shape {expected}, got shape {tuple(positions.shape)}")
-        if positions.device != device:
-            raise ValueError(f"device mismatch: positions is on {positions.device}, x is on {device}")
-        if positions.device.type == "cpu" and bool((positions < 0).any()):  # host memory: no device sync
-            raise ValueError(f"positions must be integers >= 0, got a minimum of {int(positions.min())}")
 
     # ---------------------------------------------------------------------------------------- NumPy exchange
     def _param_specs(self) -> dict[str, tuple[torch.Tensor, tuple[int, ...], bool]]:

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["ROPE_STYLES", "rope_cos_sin", "apply_rope", "rms_norm", "window_mask"]
+from mha._checks import check_type
+
+__all__ = ["ROPE_STYLES", "rope_cos_sin", "apply_rope", "rms_norm", "window_mask", "check_positions"]
 
 ROPE_STYLES = ("half", "interleaved")
 
@@ -90,3 +92,21 @@ def window_mask(query_index: torch.Tensor, key_index: torch.Tensor, window: int,
     k = key_index.unsqueeze(0)  # (1, L_kv)
     recent = (k > q - window) | (k < n_sink_tokens)
     return recent & (k <= q) & (k >= 0)  # (L_q, L_kv)
+
+
+def check_positions(positions, n: int, l_q: int, unbatched: bool, device, *, length: str = "L_q",
+                    tensor: str = "x_q") -> None:
+    """RoPE's ``positions`` for a module's call: an integer tensor ``(L,)`` or ``(N, L)`` (``(L,)`` only for unbatched
+    input) on the input's device, and on the CPU also >= 0 (host memory: no device sync). ``length`` and ``tensor``
+    name the sequence length and the input in the messages."""
+    check_type("positions", positions, torch.Tensor, "an integer torch.Tensor or None")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    shapes = [(l_q,)] if unbatched else [(l_q,), (n, l_q)]
+    if tuple(positions.shape) not in shapes:
+        expected = f"({length},) = ({l_q},)" + ("" if unbatched else f" or (N, {length}) = ({n}, {l_q})")
+        raise ValueError(f"positions must have shape {expected}, got shape {tuple(positions.shape)}")
+    if positions.device != device:
+        raise ValueError(f"device mismatch: positions is on {positions.device}, {tensor} is on {device}")
+    if positions.device.type == "cpu" and bool((positions < 0).any()):
+        raise ValueError(f"positions must be integers >= 0, got a minimum of {int(positions.min())}")
