@@ -23,6 +23,11 @@ def test_translation_lint_catches_a_dropped_formula_and_a_changed_target():
     assert any(p.startswith("math differ") for p in problems) and any(p.startswith("roles differ") for p in problems)
     assert i18n.preserved(english, good.replace("n_heads", "n_kv_heads"))  # another glued value
     assert i18n.preserved(english, good.replace("`k_cache`", "`v_cache`"))  # another code span
+    # a glued number printed with other digits than the English (found once: 0.012 for 0.0123)
+    formatted = "The median is {glue:text}`median:.4f`."
+    assert i18n.preserved(formatted, "中位数为 {glue:text}`page.md::median:.4f`。") == []
+    assert any(p.startswith("glue formats differ")
+               for p in i18n.preserved(formatted, "中位数为 {glue:text}`page.md::median:.3f`。"))
 
 
 def test_glue_roles_are_localised_for_a_translated_paragraph():

@@ -326,6 +326,9 @@ def preserved(english: str, translation: str) -> list[str]:
         "quoted code": double,
         "math": [sorted(MATH.findall(t)) for t in (english, translation)],
         "roles": [_role_keys(MATH.sub("", t)) for t in (english, translation)],
+        # a glued number's format: the Chinese page must print the digits the English one prints
+        "glue formats": [sorted((m["key"], m["fmt"] or ":s") for m in GLUE_ROLE.finditer(MATH.sub("", t)))
+                         for t in (english, translation)],
         "code": [sorted(m["code"] for m in CODE.finditer(t)) for t in without_roles],
         "links": [sorted(LINK_TARGET.findall(t)) for t in (english, translation)],
         "footnotes": [sorted(FOOTNOTE.findall(t)) for t in (english, translation)],
