@@ -578,11 +578,7 @@ class MultiHeadAttention(nn.Module):
 
         Book: part I, "From one head to h heads" (the parameter names). Round-trips with :meth:`load_params`.
         """
-        out = {}
-        for name, (tensor, _, transposed) in self._param_specs().items():
-            t = tensor.detach().to(device="cpu", dtype=torch.float64)
-            out[name] = np.ascontiguousarray((t.T if transposed else t).numpy())
-        return out
+        return export_specs(self._param_specs())
 
     def load_params(self, params: dict) -> None:
         """Copy weights from a NumPy-convention params dict (numpy arrays or tensors); keeps dtype and device.
@@ -614,9 +610,26 @@ class MultiHeadAttention(nn.Module):
             if not (value.dtype.is_floating_point or value.dtype in (torch.int32, torch.int64)):
                 raise TypeError(f"params[{name!r}] must hold real numbers, got dtype {value.dtype}")
             values[name] = value.T if transposed else value
-        with torch.no_grad():
-            for name, (tensor, _, _) in specs.items():
-                tensor.copy_(values[name].to(device=tensor.device, dtype=tensor.dtype))
+        copy_into_specs(specs, values)
+
+
+def export_specs(specs: dict) -> dict[str, np.ndarray]:
+    """A module's parameters as the NumPy reference's params dict: ``specs`` maps each key to (tensor, shape,
+    transposed); float64 arrays on the CPU, transposed where the module stores W^T (``nn.Linear``). Shared by
+    ``MultiHeadAttention`` and ``mha.latent.MultiHeadLatentAttention``."""
+    out = {}
+    for name, (tensor, _, transposed) in specs.items():
+        t = tensor.detach().to(device="cpu", dtype=torch.float64)
+        out[name] = np.ascontiguousarray((t.T if transposed else t).numpy())
+    return out
+
+
+def copy_into_specs(specs: dict, values: dict) -> None:
+    """Write checked ``values`` (already in the module's layout) into the tensors of ``specs``, each keeping its
+    dtype and device; the inverse of :func:`export_specs` once the values are checked."""
+    with torch.no_grad():
+        for name, (tensor, _, _) in specs.items():
+            tensor.copy_(values[name].to(device=tensor.device, dtype=tensor.dtype))
 
 
 def _check_rope_dim(rope_dim, head_dim: int, rope_base) -> int | None:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from mha._checks import attention_scale, check_bool, check_choice, check_float, check_int, check_like, check_type
-from mha.attention import causal_mask
+from mha.attention import causal_mask, copy_into_specs, export_specs
 from mha.kv_cache import _check_device
 from mha.rope import ROPE_STYLES, apply_rope, check_positions, rms_norm, rope_cos_sin
 
@@ -369,11 +369,7 @@ class MultiHeadLatentAttention(nn.Module):
     def export_params(self) -> dict[str, np.ndarray]:
         """The weights as ``mha.reference.multi_head_latent_attention``'s params dict (float64 arrays, W = weight.T).
         Round-trips with :meth:`load_params`."""
-        out = {}
-        for name, (tensor, _, transposed) in self._param_specs().items():
-            t = tensor.detach().to(device="cpu", dtype=torch.float64)
-            out[name] = np.ascontiguousarray((t.T if transposed else t).numpy())
-        return out
+        return export_specs(self._param_specs())
 
     def load_params(self, params: dict) -> None:
         """Copy weights from a reference params dict (arrays or tensors); every key and shape is checked before
@@ -394,6 +390,4 @@ class MultiHeadLatentAttention(nn.Module):
             if not (value.dtype.is_floating_point or value.dtype in (torch.int32, torch.int64)):
                 raise TypeError(f"params[{name!r}] must hold real numbers, got dtype {value.dtype}")
             values[name] = value.T if transposed else value
-        with torch.no_grad():
-            for name, (tensor, _, _) in specs.items():
-                tensor.copy_(values[name].to(device=tensor.device, dtype=tensor.dtype))
+        copy_into_specs(specs, values)
