@@ -253,3 +253,43 @@ def test_sections_are_kept_as_they_finish():
     assert list(result["sections"]) == ["train", "decode"] and result["complete"] is True
     with pytest.raises(TypeError, match="on_section must be a function"):
         run(QUICK, sections=["train"], device="cpu", progress=False, on_section="bench.json")
+
+
+def test_equal_cache_section_builds_the_trained_models_and_checks_each_step():
+    """The equal_cache section's variants are the models the latent_gated sweeps trained: their parameter counts
+    equal those the training runs recorded (experiments/latent_gated/*/results.csv, and the full-attention runs of
+    attention-sinks.yaml), their caches hold what the architecture says per position and layer (2 g head_dim for
+    g key/value heads; kv_rank + the shared rotary key for MLA), and each cached step equals recomputing the prefix."""
+    import csv
+    from pathlib import Path
+
+    from mha.experiments.bench import QUICK, section_equal_cache
+    from mha.experiments.bench_cache import EqualCacheShapes
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+
+    def recorded(path, **where):  # the params column of the runs matching ``where`` (all equal)
+        with open(root / path) as f:
+            values = {row["params"] for row in csv.DictReader(f) if all(row[k] == v for k, v in where.items())}
+        assert len(values) == 1, (path, where, values)
+        return int(values.pop())
+
+    trained = {"MHA": recorded("windows_sinks/attention-sinks/results.csv", sinks=""),
+               "GQA (2 key/value heads)": recorded("latent_gated/kv-sharing/results.csv", n_kv_heads="2"),
+               "MQA": recorded("latent_gated/kv-sharing/results.csv", n_kv_heads="1"),
+               "MLA (kv_rank 56)": recorded("latent_gated/latent/results.csv", kv_rank="56"),
+               "MLA (kv_rank 24)": recorded("latent_gated/latent/results.csv", kv_rank="24")}
+    shapes = EqualCacheShapes()
+    head_dim = shapes.d_model // shapes.n_heads
+    numbers = {"MHA": 2 * shapes.n_heads * head_dim, "GQA (2 key/value heads)": 2 * 2 * head_dim,
+               "MQA": 2 * 1 * head_dim, "MLA (kv_rank 56)": 56 + shapes.qk_rope_head_dim,
+               "MLA (kv_rank 24)": 24 + shapes.qk_rope_head_dim}
+    result = section_equal_cache(QUICK, torch.device("cpu"), progress=False)
+    assert result["contexts"] == list(QUICK.equal_cache_contexts)
+    for point in result["points"]:
+        assert set(point["variants"]) == set(trained)
+        for name, variant in point["variants"].items():
+            assert variant["outputs_match"], (name, point["context"], variant["max_abs_diff"])
+            assert variant["params"] == trained[name], name
+            assert variant["cache_numbers_per_position_layer"] == numbers[name], name
+            assert len(variant["times_s"]) == QUICK.repeats and all(t > 0 for t in variant["times_s"])

@@ -27,6 +27,8 @@ Sections (``--sections``, all by default):
 * ``decode``: per generated token, a step through the KV cache against recomputing the whole prefix; and GQA (g=2)
   and MQA (g=1) against MHA, per-token time and cache bytes. The MHA contender is the GQA/MQA model with its
   key/value heads *copied* to every query head of their group, so both compute the same function.
+* ``equal_cache``: seconds per generated token of part IV's character model with full multi-head attention, GQA,
+  MQA and multi-head latent attention (absorbed), every variant in every round (:mod:`mha.experiments.bench_cache`).
 * ``train``: training-step throughput (tokens/s) of ``mha.experiments.model.TinyTransformer`` against the same model built from
   ``torch.nn.TransformerEncoderLayer`` (same weights, causal mask). Target: throughput ratio ours / torch >= 1.0.
 * ``kernels`` (CUDA only): the package's Triton FlashAttention kernel against SDPA's flash backend and the naive
@@ -63,7 +65,7 @@ from mha.experiments.timing import ScriptedClock, TimingConfig, compare, ratio_s
 __all__ = ["BenchConfig", "QUICK", "ScriptedClock", "compare", "peak_memory_bytes", "sdpa_backend_used", "sdpa_backends_runnable",
            "TorchTransformer", "device_info", "run", "main", "SECTIONS"]
 
-SECTIONS = ("attention", "naive", "decode", "train", "gflops", "kernels")
+SECTIONS = ("attention", "naive", "decode", "equal_cache", "train", "gflops", "kernels")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class BenchConfig(TimingConfig):
     decode_d_model: int = 256  # d_model of the decoding model
     decode_n_layers: int = 2  # layers of the decoding model
     decode_kv_heads: tuple[int, ...] = (2, 1)  # g for the GQA/MQA contenders (MHA has g = n_heads)
+    # equal_cache section (mha.experiments.bench_cache: MHA, GQA, MQA, MLA in the character model of part IV)
+    equal_cache_batch: int = 1  # sequences decoded together
+    equal_cache_contexts: tuple[int, ...] = (64, 512, 2048)  # positions already cached (64: the trained context)
     # train section (TinyTransformer vs a model built from nn.TransformerEncoderLayer)
     train_batch: int = 8  # sequences per step
     train_block_size: int = 256  # sequence length
@@ -95,8 +100,8 @@ class BenchConfig(TimingConfig):
 
 QUICK = BenchConfig(repeats=2, warmup=1, min_time_s=0.0, batch=2, n_heads=4, seq_lens=(16, 32), d_models=(32,),
                     naive_seq_lens=(16, 32), naive_d_model=32, matmul_size=64, decode_batch=1,
-                    decode_contexts=(8, 16), decode_d_model=32, decode_n_layers=1, train_batch=2,
-                    train_block_size=16, train_n_layers=1, train_d_model=32, train_vocab_size=16)
+                    decode_contexts=(8, 16), equal_cache_contexts=(8, 16), decode_d_model=32, decode_n_layers=1,
+                    train_batch=2, train_block_size=16, train_n_layers=1, train_d_model=32, train_vocab_size=16)
 
 # (rtol, atol) for "the two contenders computed the same outputs"
 TOLERANCES = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (3e-2, 3e-2), torch.float16: (1e-2, 1e-2)}
@@ -551,8 +556,17 @@ def section_kernels(cfg: BenchConfig, device: torch.device, progress: bool = Tru
     return kernel_benchmark.run_benchmark(device, replace(sizes, **cfg.timing_kwargs()), progress=progress)
 
 
+def section_equal_cache(cfg: BenchConfig, device: torch.device, progress: bool = True) -> dict:
+    """Per-token decoding time of MHA, GQA, MQA and MLA in part IV's character model:
+    :func:`mha.experiments.bench_cache.section_equal_cache`."""
+    from mha.experiments.bench_cache import section_equal_cache as section  # it imports this module's helpers
+
+    return section(cfg, device, progress=progress)
+
+
 SECTION_FUNCTIONS = dict(attention=section_attention, naive=section_naive, decode=section_decode,
-                         train=section_train, gflops=section_gflops, kernels=section_kernels)
+                         equal_cache=section_equal_cache, train=section_train, gflops=section_gflops,
+                         kernels=section_kernels)
 
 
 def __getattr__(name):
