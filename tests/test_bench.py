@@ -285,7 +285,7 @@ def test_equal_cache_section_builds_the_trained_models_and_checks_each_step():
                "MQA": 2 * 1 * head_dim, "MLA (kv_rank 56)": 56 + shapes.qk_rope_head_dim,
                "MLA (kv_rank 24)": 24 + shapes.qk_rope_head_dim}
     result = section_equal_cache(QUICK, torch.device("cpu"), progress=False)
-    assert result["contexts"] == list(QUICK.equal_cache_contexts)
+    assert [(p["batch"], p["context"]) for p in result["points"]] == [tuple(p) for p in QUICK.equal_cache_points]
     for point in result["points"]:
         assert set(point["variants"]) == set(trained)
         for name, variant in point["variants"].items():

@@ -87,8 +87,9 @@ class BenchConfig(TimingConfig):
     decode_n_layers: int = 2  # layers of the decoding model
     decode_kv_heads: tuple[int, ...] = (2, 1)  # g for the GQA/MQA contenders (MHA has g = n_heads)
     # equal_cache section (mha.experiments.bench_cache: MHA, GQA, MQA, MLA in the character model of part IV)
-    equal_cache_batch: int = 1  # sequences decoded together
-    equal_cache_contexts: tuple[int, ...] = (64, 512, 2048)  # positions already cached (64: the trained context)
+    # (sequences decoded together, positions already cached) per point; 64 is the trained context, and the last
+    # point's caches (32 sequences of 2048) are large enough for reading them to matter on a CPU
+    equal_cache_points: tuple[tuple[int, int], ...] = ((1, 64), (1, 512), (1, 2048), (32, 2048))
     # train section (TinyTransformer vs a model built from nn.TransformerEncoderLayer)
     train_batch: int = 8  # sequences per step
     train_block_size: int = 256  # sequence length
@@ -100,7 +101,7 @@ class BenchConfig(TimingConfig):
 
 QUICK = BenchConfig(repeats=2, warmup=1, min_time_s=0.0, batch=2, n_heads=4, seq_lens=(16, 32), d_models=(32,),
                     naive_seq_lens=(16, 32), naive_d_model=32, matmul_size=64, decode_batch=1,
-                    decode_contexts=(8, 16), equal_cache_contexts=(8, 16), decode_d_model=32, decode_n_layers=1,
+                    decode_contexts=(8, 16), equal_cache_points=((1, 8), (2, 16)), decode_d_model=32, decode_n_layers=1,
                     train_batch=2, train_block_size=16, train_n_layers=1, train_d_model=32, train_vocab_size=16)
 
 # (rtol, atol) for "the two contenders computed the same outputs"

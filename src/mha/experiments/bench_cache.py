@@ -65,27 +65,28 @@ def variant_config(name: str, shapes: EqualCacheShapes, block_size: int) -> Mode
 
 
 def section_equal_cache(cfg, device: torch.device, progress: bool = True) -> dict:
-    """Per-token decoding time of the :data:`VARIANTS` at each of ``cfg.equal_cache_contexts`` (batch
-    ``cfg.equal_cache_batch``), all timed side by side; see the module docstring."""
+    """Per-token decoding time of the :data:`VARIANTS` at each (batch, context) of ``cfg.equal_cache_points``, all
+    timed side by side; see the module docstring."""
     from mha.experiments.bench import _cached_step, _match_all  # bench imports this module's section lazily
 
     shapes = EqualCacheShapes()
-    contexts = tuple(cfg.equal_cache_contexts)
-    batch = cfg.equal_cache_batch
+    sizes = [(check_int("batch", b), check_int("context", c, minimum=2)) for b, c in cfg.equal_cache_points]
+    max_batch, max_context = max(b for b, _ in sizes), max(c for _, c in sizes)
     generator = torch.Generator().manual_seed(cfg.seed)
-    ids = torch.randint(shapes.vocab_size, (batch, max(contexts)), generator=generator).to(device)  # (N, L_max)
+    all_ids = torch.randint(shapes.vocab_size, (max_batch, max_context), generator=generator).to(device)  # (N, L)
     models = {}
     for name in VARIANTS:
         torch.manual_seed(cfg.seed)
-        models[name] = TinyTransformer(variant_config(name, shapes, max(contexts))).to(device).eval()
+        models[name] = TinyTransformer(variant_config(name, shapes, max_context)).to(device).eval()
     points = []
-    bar = tqdm(total=len(contexts), desc="equal_cache", disable=not progress)
-    for context in contexts:
+    bar = tqdm(total=len(sizes), desc="equal_cache", disable=not progress)
+    for batch, context in sizes:
+        ids = all_ids[:batch]  # (batch, max_context)
         steps, checks, cache_bytes = {}, {}, {}
         for name, model in models.items():
             step, caches = _cached_step(model, ids, context)
             with torch.no_grad():
-                recomputed = model(ids[:, :context])[0][:, -1]  # (N, vocab_size): the last position, no cache
+                recomputed = model(ids[:, :context])[0][:, -1]  # (batch, vocab_size): the last position, no cache
             checks[name] = _match_all([(step(), recomputed)])
             cache_bytes[name] = sum(cache.nbytes for cache in caches)
             counted = model.kv_cache_bytes(batch, context, 4)  # float32: mha.counting's formula
@@ -93,7 +94,7 @@ def section_equal_cache(cfg, device: torch.device, progress: bool = True) -> dic
                 raise RuntimeError(f"{name}: the cache holds {cache_bytes[name]} bytes but mha.counting says {counted}")
             steps[name] = step
         timed = paired_times(steps, device=device, **cfg.timing_kwargs())
-        points.append(dict(context=context, calls=timed["calls"],
+        points.append(dict(batch=batch, context=context, calls=timed["calls"],
                            variants={name: dict(times_s=timed["times"][name], params=sum(
                                p.numel() for p in models[name].parameters()), cache_bytes=cache_bytes[name],
                                cache_numbers_per_position_layer=cache_bytes[name] // (4 * batch * context
@@ -101,8 +102,8 @@ def section_equal_cache(cfg, device: torch.device, progress: bool = True) -> dic
                                **checks[name]) for name in VARIANTS}))
         bar.update()
     bar.close()
-    return dict(description="seconds per generated token (one step through the cache, all layers, batch "
-                            "equal_cache_batch) of the character model of experiments/latent_gated/ with each "
+    return dict(description="seconds per decoding step (one new token for each of `batch` sequences, through the "
+                            "cache, all layers) of the character model of experiments/latent_gated/ with each "
                             "attention variant; every variant timed in every round, the order rotated",
                 shapes=asdict(shapes), variants={name: dict(options) for name, options in VARIANTS.items()},
-                batch=batch, contexts=list(contexts), points=points)
+                points=points)
