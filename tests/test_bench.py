@@ -274,14 +274,16 @@ def test_equal_cache_section_builds_the_trained_models_and_checks_each_step():
         assert len(values) == 1, (path, where, values)
         return int(values.pop())
 
-    trained = {"MHA": recorded("windows_sinks/attention-sinks/results.csv", sinks=""),
+    mha_params = recorded("windows_sinks/attention-sinks/results.csv", sinks="")
+    trained = {"MHA": mha_params, "MHA (unfused)": mha_params,
                "GQA (2 key/value heads)": recorded("latent_gated/kv-sharing/results.csv", n_kv_heads="2"),
                "MQA": recorded("latent_gated/kv-sharing/results.csv", n_kv_heads="1"),
                "MLA (kv_rank 56)": recorded("latent_gated/latent/results.csv", kv_rank="56"),
                "MLA (kv_rank 24)": recorded("latent_gated/latent/results.csv", kv_rank="24")}
     shapes = EqualCacheShapes()
     head_dim = shapes.d_model // shapes.n_heads
-    numbers = {"MHA": 2 * shapes.n_heads * head_dim, "GQA (2 key/value heads)": 2 * 2 * head_dim,
+    numbers = {"MHA": 2 * shapes.n_heads * head_dim, "MHA (unfused)": 2 * shapes.n_heads * head_dim,
+               "GQA (2 key/value heads)": 2 * 2 * head_dim,
                "MQA": 2 * 1 * head_dim, "MLA (kv_rank 56)": 56 + shapes.qk_rope_head_dim,
                "MLA (kv_rank 24)": 24 + shapes.qk_rope_head_dim}
     result = section_equal_cache(QUICK, torch.device("cpu"), progress=False)

@@ -11,7 +11,10 @@ The section keeps every round's time per variant, so that a reader can form pair
 round) and put an interval on their median (the book does, with ``scipy.stats.quantile_test``).
 
 Multi-head latent attention decodes by the absorbed path (``MultiHeadLatentAttention``'s default for one new token
-with a cache): each head scores against the cached latents directly, as DeepSeek's inference code does.
+with a cache): each head scores against the cached latents directly, as DeepSeek's inference code does. That path is
+written as separate matrix products and a softmax, where the other variants call PyTorch's fused
+``scaled_dot_product_attention``; the variant "MHA (unfused)" (``attn_impl="naive"``) computes full attention the
+same unfused way, so that the two kinds of code can be told apart.
 
 Book: part IV, "Latent and gated attention, measured".
 """
@@ -29,9 +32,12 @@ from mha.experiments.timing import paired_times
 
 __all__ = ["EqualCacheShapes", "VARIANTS", "variant_config", "section_equal_cache"]
 
-# name -> the attention options that differ from full multi-head attention: n_kv_heads (GQA/MQA) or kv_rank (MLA)
+# name -> the attention options that differ from full multi-head attention: n_kv_heads (GQA/MQA), kv_rank (MLA), or
+# attn_impl "naive" (the control: MHA computed as MLA's step is, matrix products and a softmax one after another, where
+# the others call PyTorch's fused scaled_dot_product_attention)
 VARIANTS = {
     "MHA": {},
+    "MHA (unfused)": {"attn_impl": "naive"},
     "GQA (2 key/value heads)": {"n_kv_heads": 2},
     "MQA": {"n_kv_heads": 1},
     "MLA (kv_rank 56)": {"kv_rank": 56},
