@@ -347,3 +347,54 @@ def test_against_range_places_an_interval():
         against_range({"low": 0.1, "high": 0.5}, 0.4, 0.2)
     with pytest.raises(TypeError, match="lower must be a finite real number"):
         against_range({"low": 0.1, "high": 0.5}, "0.2", 0.4)
+
+
+def test_best_rate_comparison_chooses_on_one_block_and_compares_on_the_other():
+    """The plan of head-count-lr.yaml, checked on a constructed table: the best rate is chosen by solved count on the
+    selecting seeds only (ties: lower median loss), the held-out seeds give the fractions, and Fisher's two-sided p is
+    the sum of the hypergeometric probabilities no larger than the observed one (computed here with math.comb),
+    Holm-adjusted by hand."""
+    import math as _math
+
+    import pandas as pd
+
+    from mha.experiments.stats import best_rate_comparison, wilson_interval
+
+    rows = []
+    # level A: rate 0.1 solves 3 of 4 selecting seeds, rate 0.2 solves 3 too but with a higher median loss
+    # level B: rate 0.2 solves 4 of 4; on the held-out seeds A (at 0.1) solves 1 of 4 and B (at 0.2) 4 of 4
+    plan = {("A", 0.1): ([1, 1, 1, 0], [0.1, 0.1, 0.1, 2.0], [1, 0, 0, 0]),
+            ("A", 0.2): ([1, 1, 1, 0], [0.2, 0.2, 0.2, 2.0], [1, 1, 1, 1]),  # held-out seeds would favour 0.2
+            ("B", 0.1): ([0, 0, 0, 0], [2.0] * 4, [1, 1, 1, 1]),
+            ("B", 0.2): ([1, 1, 1, 1], [0.1] * 4, [1, 1, 1, 1])}
+    for (level, lr), (sel, losses, held) in plan.items():
+        for seed in range(4):
+            rows.append(dict(n_heads=level, lr=lr, seed=seed, solved=bool(sel[seed]), val_loss=losses[seed]))
+            rows.append(dict(n_heads=level, lr=lr, seed=seed + 4, solved=bool(held[seed]), val_loss=1.0))
+    result = best_rate_comparison(pd.DataFrame(rows), range(4), range(4, 8))
+    assert result["best_rate"] == {"A": 0.1, "B": 0.2}  # chosen without looking at seeds 4-7
+    assert result["fraction"]["A"]["k"] == 1 and result["fraction"]["B"]["k"] == 4
+    assert (result["fraction"]["A"]["low"], result["fraction"]["A"]["high"]) == wilson_interval(1, 4)
+
+    def fisher_two_sided(a, b, c, d):  # the 2x2 table [[a, b], [c, d]], margins fixed: hypergeometric
+        row1, col1, n = a + b, a + c, a + b + c + d
+        prob = [(_math.comb(col1, x) * _math.comb(n - col1, row1 - x) / _math.comb(n, row1), x)
+                for x in range(max(0, row1 - (n - col1)), min(row1, col1) + 1)]
+        observed = next(p for p, x in prob if x == a)
+        return sum(p for p, _ in prob if p <= observed * (1 + 1e-9))
+
+    expected = fisher_two_sided(1, 3, 4, 0)
+    assert abs(result["pairs"][("A", "B")]["p"] - expected) < 1e-12
+    assert result["pairs"][("A", "B")]["p_holm"] == pytest.approx(min(1.0, expected))  # one pair: Holm changes nothing
+
+
+def test_best_rate_comparison_rejects_overlapping_seed_blocks():
+    import pandas as pd
+
+    from mha.experiments.stats import best_rate_comparison
+
+    runs = pd.DataFrame([dict(n_heads=1, lr=0.1, seed=0, solved=True, val_loss=0.0)])
+    with pytest.raises(ValueError, match="disjoint"):
+        best_rate_comparison(runs, [0, 1], [1, 2])
+    with pytest.raises(ValueError, match="missing"):
+        best_rate_comparison(runs.drop(columns="val_loss"), [0], [1])

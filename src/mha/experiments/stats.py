@@ -29,6 +29,8 @@ What the chapters read off those results, each rule stated once:
 * :func:`rank_correlation` — Spearman's rank correlation (the correlation of the ranks, ties given their mean rank).
 * :func:`against_range` — where an interval lies against a range quoted from a paper: above, below, inside or
   overlapping it.
+* :func:`best_rate_comparison` — each setting at its own best learning rate: the rate chosen on one block of seeds,
+  the fraction solved at it on another, Wilson intervals and Fisher's exact test for every pair, Holm-corrected.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ __all__ = ["wilson_interval", "bootstrap_mean_interval", "paired_difference", "u
            "outcomes",
            "OUTCOMES", "outcome_of", "outcome_table", "paired_table",
            "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
-           "outcome_orderings", "left_chance", "rank_correlation", "against_range"]
+           "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison"]
 
 OUTCOMES = ("solved", "partial", "chance")
 """The two-offset task's plateaus: loss 0 (both offsets read), ln 2 (one of the two), ln V (neither), V = vocabulary."""
@@ -400,3 +402,49 @@ def against_range(result, lower: float, upper: float) -> str:
     if low >= lower and high <= upper:
         return "inside"
     return "overlapping"
+
+
+def best_rate_comparison(runs, select_seeds, compare_seeds, by: str = "n_heads", rate: str = "lr",
+                         solved: str = "solved", loss: str = "val_loss", confidence: float = 0.95) -> dict:
+    """Each level of ``by`` at its own best ``rate``, chosen on one block of seeds and compared on another.
+
+    ``runs``: a results table with columns ``by``, ``rate``, ``seed``, ``solved`` (bool) and ``loss``. For each level
+    of ``by``, its best rate is the one with the most runs solved among the seeds in ``select_seeds``, ties broken by
+    the lower median ``loss``, then by the lower rate. At that rate, the runs with seeds in ``compare_seeds`` (which
+    chose nothing) give the fraction solved and its Wilson interval; every pair of levels is tested with Fisher's
+    exact test (``scipy.stats.fisher_exact``, two-sided) and the p-values are Holm-adjusted over the pairs
+    (:func:`mha.experiments.analysis.holm_adjusted`). The plan of ``experiments/head_count/head-count-lr.yaml``.
+
+    Returns ``dict(best_rate={level: rate}, fraction={level: dict(k, n, fraction, low, high)},
+    pairs={(a, b): dict(p, p_holm)})``. Book: part III, "Head count".
+    """
+    from scipy import stats as scipy_stats
+
+    from mha.experiments.analysis import holm_adjusted
+
+    columns = {by, rate, "seed", solved, loss}
+    missing = sorted(columns - set(getattr(runs, "columns", ())))
+    if missing:
+        raise ValueError(f"runs must be a results table with columns {sorted(columns)}, missing {missing}")
+    select, compare = set(select_seeds), set(compare_seeds)
+    if not select or not compare or select & compare:
+        raise ValueError(f"select_seeds and compare_seeds must be two non-empty, disjoint sets of seeds, got "
+                         f"{sorted(select)} and {sorted(compare)}")
+    chosen = runs[runs["seed"].isin(select)]
+    held_out = runs[runs["seed"].isin(compare)]
+    best, fraction = {}, {}
+    for level, group in chosen.groupby(by):
+        by_rate = group.groupby(rate).agg(k=(solved, "sum"), median=(loss, "median")).reset_index()
+        by_rate = by_rate.sort_values(["k", "median", rate], ascending=[False, True, True])
+        best[level] = float(by_rate[rate].iloc[0])
+        at = held_out[(held_out[by] == level) & (held_out[rate] == best[level])]
+        k, n = int(at[solved].sum()), len(at)
+        low, high = wilson_interval(k, check_int(f"runs of {by} = {level} at its best rate", n), confidence)
+        fraction[level] = dict(k=k, n=n, fraction=k / n, low=low, high=high)
+    levels = sorted(fraction)
+    raw = {(a, b): float(scipy_stats.fisher_exact([[fraction[a]["k"], fraction[a]["n"] - fraction[a]["k"]],
+                                                    [fraction[b]["k"], fraction[b]["n"] - fraction[b]["k"]]]).pvalue)
+           for a, b in itertools.combinations(levels, 2)}
+    adjusted = holm_adjusted(list(raw.values())) if raw else []
+    pairs = {pair: dict(p=p, p_holm=float(q)) for (pair, p), q in zip(raw.items(), adjusted)}
+    return dict(best_rate=best, fraction=fraction, pairs=pairs)
