@@ -398,3 +398,14 @@ def test_best_rate_comparison_rejects_overlapping_seed_blocks():
         best_rate_comparison(runs, [0, 1], [1, 2])
     with pytest.raises(ValueError, match="missing"):
         best_rate_comparison(runs.drop(columns="val_loss"), [0], [1])
+
+
+def test_newcombe_interval_matches_the_published_examples():
+    """Newcombe (1998), Table II, method 10 (hybrid score): 56/70 - 48/80 = 0.2000 with interval 0.0524 to 0.3339, and
+    9/10 - 3/10 = 0.6000 with 0.1705 to 0.8090 (the values printed in the paper, to 4 decimals)."""
+    from mha.experiments.stats import newcombe_interval
+
+    d, low, high = newcombe_interval(56, 70, 48, 80)
+    assert (round(d, 4), round(low, 4), round(high, 4)) == (0.2, 0.0524, 0.3339)
+    d, low, high = newcombe_interval(9, 10, 3, 10)
+    assert (round(d, 4), round(low, 4), round(high, 4)) == (0.6, 0.1705, 0.809)

@@ -29,6 +29,7 @@ What the chapters read off those results, each rule stated once:
 * :func:`rank_correlation` — Spearman's rank correlation (the correlation of the ranks, ties given their mean rank).
 * :func:`against_range` — where an interval lies against a range quoted from a paper: above, below, inside or
   overlapping it.
+* :func:`newcombe_interval` — an interval for the difference of two proportions from their Wilson intervals.
 * :func:`best_rate_comparison` — each setting at its own best learning rate: the rate chosen on one block of seeds,
   the fraction solved at it on another, Wilson intervals and Fisher's exact test for every pair, Holm-corrected.
 """
@@ -49,7 +50,8 @@ __all__ = ["wilson_interval", "bootstrap_mean_interval", "paired_difference", "u
            "outcomes",
            "OUTCOMES", "outcome_of", "outcome_table", "paired_table",
            "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
-           "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison"]
+           "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison",
+           "newcombe_interval"]
 
 OUTCOMES = ("solved", "partial", "chance")
 """The two-offset task's plateaus: loss 0 (both offsets read), ln 2 (one of the two), ln V (neither), V = vocabulary."""
@@ -448,3 +450,15 @@ def best_rate_comparison(runs, select_seeds, compare_seeds, by: str = "n_heads",
     adjusted = holm_adjusted(list(raw.values())) if raw else []
     pairs = {pair: dict(p=p, p_holm=float(q)) for (pair, p), q in zip(raw.items(), adjusted)}
     return dict(best_rate=best, fraction=fraction, pairs=pairs)
+
+
+def newcombe_interval(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """The difference k1/n1 - k2/n2 of two independent proportions with Newcombe's hybrid score interval (his method
+    10, Statistics in Medicine 1998): from the Wilson intervals (l1, u1) and (l2, u2) of the two proportions,
+    ``d - sqrt((p1 - l1)^2 + (u2 - p2)^2)`` to ``d + sqrt((u1 - p1)^2 + (p2 - l2)^2)``. Unlike the Wald interval it
+    stays inside [-1, 1] and behaves at 0 and n. Returns (difference, low, high). Book: part III, "Head count"."""
+    p1, p2 = k1 / check_int("n1", n1), k2 / check_int("n2", n2)
+    l1, u1 = wilson_interval(k1, n1, confidence)
+    l2, u2 = wilson_interval(k2, n2, confidence)
+    d = p1 - p2
+    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
