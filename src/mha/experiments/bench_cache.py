@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from mha._checks import check_int
+from mha.experiments.bench import _cached_step, _match_all
 from mha.experiments.model import ModernTransformerConfig, TinyTransformer
 from mha.experiments.timing import paired_times
 
@@ -73,8 +74,6 @@ def variant_config(name: str, shapes: EqualCacheShapes, block_size: int) -> Mode
 def section_equal_cache(cfg, device: torch.device, progress: bool = True) -> dict:
     """Per-token decoding time of the :data:`VARIANTS` at each (batch, context) of ``cfg.equal_cache_points``, all
     timed side by side; see the module docstring."""
-    from mha.experiments.bench import _cached_step, _match_all  # bench imports this module's section lazily
-
     shapes = EqualCacheShapes()
     sizes = [(check_int("batch", b), check_int("context", c, minimum=2)) for b, c in cfg.equal_cache_points]
     max_batch, max_context = max(b for b, _ in sizes), max(c for _, c in sizes)
@@ -95,7 +94,8 @@ def section_equal_cache(cfg, device: torch.device, progress: bool = True) -> dic
                 recomputed = model(ids[:, :context])[0][:, -1]  # (batch, vocab_size): the last position, no cache
             checks[name] = _match_all([(step(), recomputed)])
             cache_bytes[name] = sum(cache.nbytes for cache in caches)
-            counted = model.kv_cache_bytes(batch, context, 4)  # float32: mha.counting's formula
+            element = model.lm_head.weight.element_size()
+            counted = model.kv_cache_bytes(batch, context, element)  # mha.counting's formula
             if cache_bytes[name] != counted:
                 raise RuntimeError(f"{name}: the cache holds {cache_bytes[name]} bytes but mha.counting says {counted}")
             steps[name] = step
@@ -103,8 +103,8 @@ def section_equal_cache(cfg, device: torch.device, progress: bool = True) -> dic
         points.append(dict(batch=batch, context=context, calls=timed["calls"],
                            variants={name: dict(times_s=timed["times"][name], params=sum(
                                p.numel() for p in models[name].parameters()), cache_bytes=cache_bytes[name],
-                               cache_numbers_per_position_layer=cache_bytes[name] // (4 * batch * context
-                                                                                      * shapes.n_layers),
+                               cache_numbers_per_position_layer=cache_bytes[name] // (
+                                   models[name].lm_head.weight.element_size() * batch * context * shapes.n_layers),
                                **checks[name]) for name in VARIANTS}))
         bar.update()
     bar.close()
