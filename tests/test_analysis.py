@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mha.experiments import analysis
+from mha.experiments import analysis, stats
 from mha.experiments.model import TinyTransformer, TransformerConfig
 from mha.experiments.tasks import make_task
 from mha.experiments.train import evaluate
@@ -371,8 +371,8 @@ def test_step_down_max_t_against_loops(seed):
     base = rng.standard_normal(7)
     diffs = {"a": base + 0.9, "b": 0.8 * base + 0.3 * rng.standard_normal(7) + 0.4, "c": rng.standard_normal(7),
              "d": rng.standard_normal(7) + 0.6}
-    got = analysis.max_t_adjusted(diffs, step_down=True)
-    single = analysis.max_t_adjusted(diffs)
+    got = stats.max_t_adjusted(diffs, step_down=True)
+    single = stats.max_t_adjusted(diffs)
     expected = _step_down_by_loops({k: list(v) for k, v in diffs.items()})
     for name in diffs:
         assert got[name]["adjusted"] == pytest.approx(expected[name], abs=1e-12)
@@ -403,28 +403,28 @@ def test_step_down_max_t_by_hand():
     4/16: 10/16, strictly below single-step's 1.
     """
     diffs = {"a": np.array([1.0, 1.0, 1.0]), "b": np.array([2.0, 1.0, 0.0])}
-    single, down = analysis.max_t_adjusted(diffs), analysis.max_t_adjusted(diffs, step_down=True)
+    single, down = stats.max_t_adjusted(diffs), stats.max_t_adjusted(diffs, step_down=True)
     assert single == {"a": {"raw": 0.25, "adjusted": 0.25}, "b": {"raw": 0.5, "adjusted": 0.5}}
     assert down == single
     diffs = {"a": np.array([1.0, 1.0, 1.0, 1.0]), "b": np.array([1.0, 1.0, 1.0, -1.0])}
-    single, down = analysis.max_t_adjusted(diffs), analysis.max_t_adjusted(diffs, step_down=True)
+    single, down = stats.max_t_adjusted(diffs), stats.max_t_adjusted(diffs, step_down=True)
     assert single == {"a": {"raw": 2 / 16, "adjusted": 4 / 16}, "b": {"raw": 10 / 16, "adjusted": 1.0}}
     assert down == {"a": {"raw": 2 / 16, "adjusted": 4 / 16}, "b": {"raw": 10 / 16, "adjusted": 10 / 16}}
     with pytest.raises(TypeError, match="step_down"):
-        analysis.max_t_adjusted(diffs, step_down="yes")
+        stats.max_t_adjusted(diffs, step_down="yes")
 
 
 def test_holm_by_hand():
     """p = (0.01, 0.04, 0.03, 0.005): sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04;
     running maximum 0.02, 0.03, 0.06, 0.06; back in the input order 0.03, 0.06, 0.06, 0.02."""
-    np.testing.assert_allclose(analysis.holm_adjusted([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
-    got = analysis.holm_adjusted({"x": 0.5, "y": 0.6, "z": 0.001})  # 0.003; 0.5 x 2 = 1.0; max(1.0, 0.6) = 1
+    np.testing.assert_allclose(stats.holm_adjusted([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    got = stats.holm_adjusted({"x": 0.5, "y": 0.6, "z": 0.001})  # 0.003; 0.5 x 2 = 1.0; max(1.0, 0.6) = 1
     assert got == pytest.approx({"x": 1.0, "y": 1.0, "z": 0.003})
-    assert analysis.holm_adjusted([0.2]) == pytest.approx([0.2])  # a family of one: nothing to adjust
+    assert stats.holm_adjusted([0.2]) == pytest.approx([0.2])  # a family of one: nothing to adjust
     # never below Bonferroni's smallest, never above Bonferroni: min(1, k p) >= Holm >= p
     rng = np.random.default_rng(0)
     p = rng.uniform(0, 0.3, 9)
-    holm = analysis.holm_adjusted(p)
+    holm = stats.holm_adjusted(p)
     assert np.all(holm >= p) and np.all(holm <= np.minimum(1, 9 * p) + 1e-15)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        analysis.holm_adjusted([0.1, 1.2])
+        stats.holm_adjusted([0.1, 1.2])

@@ -1,7 +1,7 @@
 """mha.experiments.stats against independent computations: the Wilson interval's defining equation solved by
-bisection, the bootstrap's coverage by simulation, the permutation p-value by counting sign patterns by hand, the
-unpaired bootstrap interval against Welch's normal interval, and the unpaired permutation p-value by listing the
-splits in plain Python; the rules the part III chapters read results by (a verdict and how far it is from flipping,
+bisection, the t and Welch intervals against R's published output for Student's sleep data, the coverage of every
+interval by simulation (including at five and six seeds, where a percentile bootstrap undercovers), the permutation
+p-value by counting sign patterns by hand, and the unpaired permutation p-value by listing the splits in plain Python; the rules the part III chapters read results by (a verdict and how far it is from flipping,
 which pairs separate, the ordering of head counts, Spearman's correlation) against values worked out by hand."""
 
 import itertools
@@ -12,7 +12,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from mha.experiments.stats import (against_range, bootstrap_mean_interval, flip_distance, left_chance, mean_interval,
+from mha.experiments.stats import (EXACT_MAX_PAIRS, against_range, flip_distance, left_chance, mean_interval,
                                    outcome_of, outcome_orderings, outcome_table, outcomes, paired_difference,
                                    paired_interval, paired_table, rank_correlation, separated, separated_pairs,
                                    unpaired_difference, verdict, wilson_interval)
@@ -54,21 +54,86 @@ def test_wilson_known_values_and_errors():
         wilson_interval(1, 2.0)
 
 
-def test_bootstrap_interval_covers_the_true_mean_about_95_percent_of_the_time():
-    rng = np.random.default_rng(1)
+# Student's sleep data (Cushny and Peebles 1905, as in R's `sleep`): extra hours of sleep under two drugs, the same
+# ten patients. R 4.x prints for t.test(extra ~ group, data = sleep, paired = TRUE): mean difference -1.58, 95% CI
+# -2.4598858 to -0.7001142, p = 0.002833; and for the Welch test (paired = FALSE): CI -3.3654832 to 0.2054832,
+# p = 0.07939.
+SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
+SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
+
+
+def test_t_and_welch_intervals_reproduce_r_on_the_sleep_data():
+    d = np.array(SLEEP_1) - np.array(SLEEP_2)
+    t = mean_interval(d)
+    assert (t["mean"], t["low"], t["high"]) == pytest.approx((-1.58, -2.4598858, -0.7001142), abs=1e-7)
+    welch = unpaired_difference(SLEEP_1, SLEEP_2)
+    assert (welch["low"], welch["high"], welch["p_welch"]) == pytest.approx((-3.3654832, 0.2054832, 0.07939), abs=1e-5)
+    assert not welch["real"]  # neither Welch nor the permutation test rejects at 5%
+    paired = paired_difference(SLEEP_1, SLEEP_2)  # ten pairs: the exact sign-flip test
+    # Nine of ten differences negative and one zero: only 4 of the 1,024 patterns are as extreme (the zero's sign
+    # does not change the mean), so p = 4/1024.
+    assert paired["method"] == "exact sign-flip" and paired["p_value"] == pytest.approx(4 / 1024)
+    assert paired["real"] and paired["low"] < -1.58 < paired["high"] < 0
+
+
+@pytest.mark.parametrize("n", [5, 6, 10])
+def test_t_interval_covers_the_true_mean_at_small_n(n):
+    """At five or six seeds the t interval holds its 95% (a percentile bootstrap covers about 83% at n = 5)."""
+    rng = np.random.default_rng(n)
     hits = 0
-    for trial in range(300):
-        sample = rng.normal(loc=2.0, scale=1.0, size=20)
-        interval = bootstrap_mean_interval(sample, n_boot=2000, seed=trial)
-        assert interval["low"] <= interval["mean"] <= interval["high"]
-        hits += interval["low"] <= 2.0 <= interval["high"]
-    assert 0.88 <= hits / 300 <= 0.99  # the percentile bootstrap undercovers a little at n = 20
+    for _ in range(2000):
+        result = mean_interval(rng.normal(loc=2.0, scale=1.0, size=n))
+        assert result["low"] <= result["mean"] <= result["high"]
+        hits += result["low"] <= 2.0 <= result["high"]
+    assert 0.935 <= hits / 2000 <= 0.965  # binomial sd at 95% and 2,000 trials: 0.005
+
+
+@pytest.mark.parametrize("n", [6, 8, 12])
+def test_sign_flip_interval_covers_and_agrees_with_its_test(n):
+    """The interval holds its 95% for symmetric differences (here from a t distribution with 3 degrees of freedom,
+    heavy-tailed) and excludes 0 exactly when the test rejects."""
+    rng = np.random.default_rng(100 + n)
+    hits = 0
+    for _ in range(300):
+        d = 0.3 + rng.standard_t(3, size=n)
+        result = paired_difference(d, np.zeros(n))
+        hits += result["low"] <= 0.3 <= result["high"]
+        assert result["real"] == (result["low"] > 0 or result["high"] < 0) == (result["p_value"] <= 0.05)
+    assert hits / 300 >= 0.92  # at least 95% in theory (conservative: the p-value is discrete); 300 trials
+
+
+def test_sign_flip_interval_against_a_grid_of_shifts():
+    """The interval's ends found by brute force: test every shift on a fine grid by listing the 2^n sign patterns."""
+    d = np.array([0.31, -0.05, 0.22, 0.4, 0.13, 0.27, -0.02])
+    result = paired_difference(d, np.zeros(7))
+
+    def p_at(delta):
+        x = d - delta
+        observed = abs(x.sum())
+        return np.mean([abs(sum(s * v for s, v in zip(signs, x))) >= observed - 1e-12
+                        for signs in itertools.product((1, -1), repeat=7)])
+
+    grid = np.linspace(-0.3, 0.6, 901)
+    accepted = grid[[p_at(delta) > 0.05 for delta in grid]]
+    assert result["low"] == pytest.approx(accepted.min(), abs=1e-3)
+    assert result["high"] == pytest.approx(accepted.max(), abs=1e-3)
+
+
+def test_five_pairs_cannot_be_resolved_and_many_pairs_use_t():
+    five = paired_difference([1.1, 1.2, 1.3, 1.4, 1.5], [1.0] * 5)  # every difference positive
+    assert five["p_value"] == pytest.approx(2 / 32) and not five["real"]
+    assert five["low"] == -math.inf and five["high"] == math.inf
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.2, 1.0, size=EXACT_MAX_PAIRS + 6)
+    many = paired_difference(d, np.zeros(d.size))
+    assert many["method"] == "t"
+    assert (many["low"], many["high"]) == pytest.approx((mean_interval(d)["low"], mean_interval(d)["high"]))
 
 
 def test_paired_difference_p_value_counts_sign_patterns():
-    d = np.array([0.3, 0.1, 0.2, 0.4, 0.25])
-    result = paired_difference(d + 1.0, np.ones(5))
-    assert result["p_value"] == pytest.approx(2 / 32)  # only all-plus and all-minus are as extreme, of 2^5
+    d = np.array([0.3, 0.1, 0.2, 0.4, 0.25, 0.15])
+    result = paired_difference(d + 1.0, np.ones(6))
+    assert result["p_value"] == pytest.approx(2 / 64)  # only all-plus and all-minus are as extreme, of 2^6
     assert result["real"] and result["low"] > 0 and result["mean"] == pytest.approx(d.mean())
     mixed = paired_difference([1.0, 2.0, 3.0, 4.0], [1.5, 1.5, 3.5, 3.5])  # d = -0.5, 0.5, -0.5, 0.5
     assert not mixed["real"] and mixed["p_value"] == 1.0
@@ -134,11 +199,12 @@ def test_unpaired_difference_p_value_lists_every_split():
 def test_unpaired_interval_matches_welch_for_large_groups():
     rng = np.random.default_rng(3)
     a, b = rng.normal(1.0, 2.0, size=120), rng.normal(0.5, 1.0, size=100)
-    result = unpaired_difference(a, b, n_boot=20_000)
+    result = unpaired_difference(a, b)
     se = math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)  # Welch's standard error
     d = a.mean() - b.mean()
     assert result["mean"] == pytest.approx(d)
-    np.testing.assert_allclose([result["low"], result["high"]], [d - Z95 * se, d + Z95 * se], atol=0.06 * se)
+    # At these sizes Welch's t quantile is within 1% of the normal one.
+    np.testing.assert_allclose([result["low"], result["high"]], [d - Z95 * se, d + Z95 * se], atol=0.02 * se)
     # The p-value from 100,000 random splits (C(220, 120) are far too many to list) against the normal
     # approximation of the split distribution: mean 0, variance s^2 (1/n_a + 1/n_b), s^2 the pooled values' variance.
     pooled = np.concatenate([a, b])
@@ -151,29 +217,28 @@ def test_unpaired_interval_covers_the_true_difference_about_95_percent_of_the_ti
     hits = 0
     for trial in range(300):
         a, b = rng.normal(0.5, 1.0, size=9), rng.normal(0.0, 1.0, size=8)
-        result = unpaired_difference(a, b, n_boot=2000, seed=trial)
+        result = unpaired_difference(a, b)
         assert result["low"] <= result["mean"] <= result["high"]
         hits += result["low"] <= 0.5 <= result["high"]
-    assert 0.85 <= hits / 300 <= 0.99  # the percentile bootstrap undercovers a little at these sizes
+    assert 0.91 <= hits / 300 <= 0.99  # Welch's interval holds 95% (binomial sd 0.013 at 300 trials)
 
 
 # ------------------------------------------------------------------- the rules the part III chapters read results by
 
 
-def test_mean_interval_is_the_bootstrap_by_hand_and_a_single_run_has_no_interval():
+def test_mean_interval_is_the_t_interval_by_hand_and_a_single_run_has_no_interval():
     values = [0.3, 0.1, 0.4, 0.1, 0.5, 0.9]
-    result = mean_interval(values, n_boot=4000, seed=7)
-    # The percentile bootstrap written out: resample the values with replacement, take the 2.5% and 97.5% quantiles.
-    rng = np.random.default_rng(7)
+    result = mean_interval(values)
+    # Student's t written out: mean -+ t_{0.975, 5} s / sqrt(6), t_{0.975, 5} = 2.5705818 (printed tables).
     x = np.array(values)
-    means = np.array([x[rng.integers(0, x.size, size=x.size)].mean() for _ in range(4000)])
+    half = 2.5705818 * x.std(ddof=1) / math.sqrt(6)
     assert result["mean"] == pytest.approx(sum(values) / 6) and result["n"] == 6
-    assert (result["low"], result["high"]) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    assert (result["low"], result["high"]) == pytest.approx((x.mean() - half, x.mean() + half), rel=1e-7)
     one = mean_interval([1.25])
     assert one["mean"] == 1.25 and math.isnan(one["low"]) and math.isnan(one["high"]) and one["n"] == 1
     none = mean_interval([])
     assert math.isnan(none["mean"]) and none["n"] == 0
-    constant = mean_interval([2.0, 2.0, 2.0])  # every resample has mean 2
+    constant = mean_interval([2.0, 2.0, 2.0])  # no spread: the interval is the value
     assert (constant["low"], constant["mean"], constant["high"]) == (2.0, 2.0, 2.0)
 
 
@@ -190,15 +255,16 @@ def test_mean_interval_refuses_what_is_not_a_sequence_of_numbers():
         mean_interval([1.0, math.inf])
     with pytest.raises(ValueError, match="confidence must be"):
         mean_interval([1.0], confidence=1.0)
-    with pytest.raises(TypeError, match="n_boot must be an integer"):
-        mean_interval([1.0, 2.0], n_boot=10.5)
+    with pytest.raises(TypeError, match="n_boot"):  # the percentile bootstrap and its settings are gone
+        mean_interval([1.0, 2.0], n_boot=10)
 
 
 def test_paired_interval_counts_sign_patterns_and_a_single_pair_is_not_real():
     result = paired_interval([1.3, 1.1, 1.2], [1.0, 1.0, 1.0])
     assert result["mean"] == pytest.approx(0.2) and result["n"] == 3
     assert result["p_value"] == pytest.approx(2 / 8)  # all-plus and all-minus, of the 2^3 sign patterns
-    assert result["real"] and result["low"] > 0
+    # Three pairs, all positive, are still p = 0.25: not resolved, and no shift is ever rejected (unbounded interval).
+    assert not result["real"] and (result["low"], result["high"]) == (-math.inf, math.inf)
     one = paired_interval([2.0], [0.5])
     assert one["mean"] == 1.5 and one["n"] == 1 and not one["real"]
     assert math.isnan(one["low"]) and math.isnan(one["high"]) and math.isnan(one["p_value"])
@@ -272,17 +338,18 @@ def test_outcome_orderings_names_the_better_head_count_where_intervals_are_disjo
     orderings = outcome_orderings(table, (4, 8, 16))
     assert list(orderings) == [(4, 8), (4, 16), (8, 16)]
     # 0/6 against 6/6: the Wilson intervals [0, 0.39] and [0.61, 1] are disjoint for solved and for chance; the mean
-    # losses are ln 4 and 0 exactly (zero-width bootstrap intervals).
+    # losses are ln 4 and 0 exactly (zero-width t intervals).
     assert wilson_interval(0, 6)[1] < wilson_interval(6, 6)[0]
     assert orderings[(4, 8)] == [("solved", 8, 4), ("chance", 8, 4), ("loss", 8, 4)]
-    # 3/6 overlaps both 0/6 and 6/6 in the Wilson sense, so only the mean loss can order 16 against 4 or 8. Resampling
-    # three 0s and three ln 4, a mean of ln 4 (all six draws ln 4) has probability 1/64 < 2.5%, and so has a mean of
-    # 0: the bootstrap interval of 16 heads lies strictly between 0 and ln 4, the zero-width intervals of 8 and 4.
+    # 3/6 overlaps both 0/6 and 6/6 in the Wilson sense, so only the mean loss could order 16 against 4 or 8. Three
+    # 0s and three ln 4: mean ln 4 / 2, s = sqrt(6/5) ln 4 / 2, and the t interval's half-width t_{0.975,5} s / sqrt(6)
+    # = 1.1496 x ln 4 / 2, more than ln 4 / 2: it reaches past both 0 and ln 4, so nothing orders 16 heads against
+    # the others (the percentile bootstrap this replaced, which undercovers at this size, ordered both pairs).
     assert not separated(wilson_interval(3, 6), wilson_interval(0, 6))
     assert not separated(wilson_interval(3, 6), wilson_interval(6, 6))
-    assert 1 / 64 < 0.025
-    assert orderings[(4, 16)] == [("loss", 16, 4)]
-    assert orderings[(8, 16)] == [("loss", 8, 16)]
+    half = 2.5705818 * math.sqrt(6 / 5) * (math.log(4) / 2) / math.sqrt(6)
+    assert half > math.log(4) / 2
+    assert orderings[(4, 16)] == [] and orderings[(8, 16)] == []
     assert outcome_orderings(table)[(4, 8)] == orderings[(4, 8)]  # default: every level of the table
 
 

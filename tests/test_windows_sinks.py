@@ -299,7 +299,7 @@ def test_sign_flip_interval_inverts_the_exact_test(seed, n):
     grid; the p-value is the package's (stats.paired_difference); 'real' is p <= 1 - confidence."""
     rng = np.random.default_rng(seed)
     a, b = rng.normal(0.3, 1, n), rng.normal(0, 1, n)
-    got = analysis.paired_sign_flip(a, b)
+    got = stats.paired_difference(a, b)
     d = a - b
     assert got["mean"] == pytest.approx(d.mean()) and got["n"] == n
     assert got["p_value"] == pytest.approx(stats.paired_difference(a, b)["p_value"])
@@ -313,14 +313,14 @@ def test_sign_flip_interval_inverts_the_exact_test(seed, n):
 def test_sign_flip_interval_at_five_seeds_is_unbounded_and_covers():
     """At n = 5 the smallest p-value is 2/32 > 0.05: the interval is the whole line, never 'real'. At n = 8 normal
     differences are covered at least at the nominal rate (an exact test), in a simulation."""
-    got = analysis.paired_sign_flip([1, 2, 3, 4, 5], [0, 0, 0, 0, 0])
+    got = stats.paired_difference([1, 2, 3, 4, 5], [0, 0, 0, 0, 0])
     assert got["low"] == -np.inf and got["high"] == np.inf and not got["real"] and got["p_value"] == 0.0625
     rng = np.random.default_rng(0)
-    covered = [(lambda r: r["low"] <= 0.5 <= r["high"])(analysis.paired_sign_flip(rng.normal(0.5, 1, 8), np.zeros(8)))
+    covered = [(lambda r: r["low"] <= 0.5 <= r["high"])(stats.paired_difference(rng.normal(0.5, 1, 8), np.zeros(8)))
                for _ in range(300)]
     assert 0.93 <= np.mean(covered) <= 0.995
     with pytest.raises(ValueError, match="pair one to one"):
-        analysis.paired_sign_flip([1, 2, 3], [1, 2])
+        stats.paired_difference([1, 2, 3], [1, 2])
 
 
 def _max_t_by_loops(diffs):
@@ -350,15 +350,15 @@ def test_max_t_adjusted_against_loops_and_the_sign_flip_test(seed):
     rng = np.random.default_rng(seed)
     base = rng.standard_normal(6)
     diffs = {"a": base + 0.8, "b": 0.9 * base + rng.standard_normal(6) * 0.3 + 0.2, "c": rng.standard_normal(6)}
-    got = analysis.max_t_adjusted(diffs)
+    got = stats.max_t_adjusted(diffs)
     expected = _max_t_by_loops({k: list(v) for k, v in diffs.items()})
     for name in diffs:
         assert got[name]["raw"] == pytest.approx(expected[name]["raw"], abs=1e-12)
         assert got[name]["adjusted"] == pytest.approx(expected[name]["adjusted"], abs=1e-12)
         assert got[name]["raw"] <= got[name]["adjusted"]  # a family never lowers a p-value
         # the raw p is the test's own exact sign-flip p
-        assert got[name]["raw"] == pytest.approx(analysis.paired_sign_flip(diffs[name], np.zeros(6))["p_value"])
-    one = analysis.max_t_adjusted({"a": diffs["a"]})  # a family of one: nothing to adjust
+        assert got[name]["raw"] == pytest.approx(stats.paired_difference(diffs[name], np.zeros(6))["p_value"])
+    one = stats.max_t_adjusted({"a": diffs["a"]})  # a family of one: nothing to adjust
     assert one["a"]["adjusted"] == one["a"]["raw"]
     with pytest.raises(ValueError, match="same number of paired differences"):
-        analysis.max_t_adjusted({"a": np.ones(6), "b": np.ones(5)})
+        stats.max_t_adjusted({"a": np.ones(6), "b": np.ones(5)})

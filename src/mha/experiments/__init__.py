@@ -15,7 +15,7 @@ What the experiments need beyond attention itself, one module a job:
 ``results``   ``results.csv`` (the table, its checksums, which rows to trust) and the committed results the chapters
               read.
 ``reproduce`` committed runs rerun and compared: how far the numbers move on this machine.
-``stats``     intervals over seeds: Wilson for proportions, bootstrap for means and paired differences; verdicts.
+``stats``     intervals over seeds: Wilson for proportions, t for means, exact sign-flip for paired differences; verdicts.
 ``report``    the words and tables the chapters glue (intervals as text, counts, lists, machine descriptions).
 ``analysis``  head scores, similarity, importance and pruning of trained models.
 ``viz``       ``attention_explorer``: an interactive attention-map viewer for the static book.

@@ -18,11 +18,6 @@ Three groups of functions, one per question of the chapter:
   removing one head), :func:`pruning_masks` and :func:`prune_curve`
   (quality against the fraction of heads removed, by importance or at random), :func:`prunable_fraction`.
 
-* **Comparing trained models over a few seeds** (book part IV, "Windows and sinks, measured"):
-  :func:`paired_sign_flip`, the mean of paired differences with the exact sign-flip test and the interval that
-  inverts it, which holds at any number of seeds (a percentile bootstrap over 5 or 6 seeds covers less than it says);
-  :func:`max_t_adjusted`, Westfall-Young max-T adjusted p-values for a family of such tests on the same seeds
-  (single-step or step-down), and :func:`holm_adjusted`, Holm's adjustment of raw p-values.
 
 Pattern and redundancy functions take NumPy arrays or torch tensors and compute in float64 NumPy; importance and
 pruning run the torch model.
@@ -46,7 +41,7 @@ __all__ = ["HEAD_CLASSES", "THRESHOLDS", "attention_maps", "offset_profile", "pr
            "induction_score", "repeat_induction_scores", "positional_score", "diffuse_score", "head_scores", "classify_heads",
            "js_divergence", "pairwise_head_js", "off_diagonal", "principal_angles", "subspace_overlap", "head_blocks",
            "pairwise_subspace_overlap", "head_importance", "single_head_ablation", "pruning_masks", "prune_curve",
-           "prunable_fraction", "paired_sign_flip", "max_t_adjusted", "holm_adjusted"]
+           "prunable_fraction"]
 
 HEAD_CLASSES = ("induction", "previous-token", "diffuse", "positional", "other")
 """The classes of :func:`classify_heads`, in the order they are tried (the first whose score passes wins)."""
@@ -626,135 +621,3 @@ def prunable_fraction(curve: list[dict], tolerance: float = 0.01, metric: str = 
             break
         best = point["fraction"]
     return best
-
-
-# ------------------------------------------------------------------------------------- comparing over a few seeds
-def paired_sign_flip(a, b, confidence: float = 0.95) -> dict:
-    """``a - b`` paired one to one (the same seed under two settings): the mean difference, the exact two-sided
-    sign-flip p-value, and the interval of every shift the test does not reject.
-
-    The test: under "each pair's difference is as likely to have either sign", all 2^n sign patterns of the n
-    differences are equally likely; the p-value is the fraction of patterns whose mean is at least as far from 0 as
-    the observed one (as :func:`mha.experiments.stats.paired_difference` computes it). The interval: the shifts
-    delta for which the same test of the differences d_i - delta gives p > 1 - confidence, computed exactly (the
-    p-value changes only where some pattern's |mean| crosses the observed one: at finitely many delta, all tried).
-    These shifts form an interval around the mean: as delta moves away from mean(d), the observed |mean| grows with
-    slope 1 and no pattern's grows faster, so p(delta) only falls. Its coverage is at least ``confidence`` whenever
-    the differences are symmetric about their mean, at any n, and it excludes 0 exactly when p <= 1 - confidence,
-    so the interval and the test never disagree (``real``). The
-    smallest p-value is 2 / 2^n: with n <= 5 seeds nothing is ever resolved at 95% and the interval is the whole
-    line (infinite ends). Exact enumeration: 2 <= n <= 14.
-
-    Returns ``dict(mean, low, high, n, p_value, real)``, the keys of :func:`~mha.experiments.stats.paired_difference`
-    (so that :func:`~mha.experiments.stats.verdict` reads it).
-    """
-    x = np.asarray(a, dtype=float).ravel()
-    y = np.asarray(b, dtype=float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"a and b must pair one to one (the same seeds), got {x.size} and {y.size} values")
-    d = x - y
-    n = check_int("number of pairs", d.size, minimum=2, maximum=14)
-    if not np.all(np.isfinite(d)):
-        raise ValueError(f"a and b must be finite numbers, got differences {d}")
-    alpha = 1 - check_float("confidence", confidence, minimum=0.0, maximum=1.0, min_inclusive=False,
-                            max_inclusive=False)
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
-    flipped, counts = signs @ d, signs.sum(axis=1)  # (2^n,): s . d and sum(s) for each pattern s
-    total = d.sum()
-
-    tolerance = 1e-12 * (1 + np.abs(d).sum())
-
-    def p_value(delta):  # delta: (K,) shifts -> (K,) p-values of the test of d - delta
-        out = np.empty(delta.size)
-        for start in range(0, delta.size, 256):  # blocks of shifts: at most 256 x 2^n numbers at a time
-            part = delta[start:start + 256]
-            observed = np.abs(total - n * part)  # (k,)
-            pattern = np.abs(flipped[None, :] - part[:, None] * counts[None, :])  # (k, 2^n)
-            out[start:start + 256] = np.mean(pattern >= observed[:, None] - tolerance, axis=1)
-        return out
-
-    p_observed = float(p_value(np.zeros(1))[0])
-    # s . (d - delta) = +-(sum(d) - n delta) where |pattern| crosses |observed|: delta = (total -+ s.d) / (n -+ sum s)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cuts = np.concatenate([(total - flipped) / (n - counts), (total + flipped) / (n + counts)])
-    cuts = np.unique(cuts[np.isfinite(cuts)])  # (K,) sorted
-    inside = np.concatenate([[cuts[0] - 1.0], (cuts[:-1] + cuts[1:]) / 2, [cuts[-1] + 1.0]])  # one delta per piece
-    accepted_piece = p_value(inside) > alpha  # (K + 1,)
-    accepted_cut = p_value(cuts) > alpha  # (K,)
-    if accepted_piece[0] or accepted_piece[-1]:  # the test never rejects far out (2 / 2^n > alpha): unbounded
-        low, high = -math.inf, math.inf
-    else:
-        ends = np.concatenate([cuts[accepted_cut], cuts[np.flatnonzero(accepted_piece) - 1],
-                               cuts[np.flatnonzero(accepted_piece)]])
-        low, high = float(ends.min()), float(ends.max())
-    return dict(mean=float(d.mean()), low=low, high=high, n=n, p_value=p_observed,
-                real=bool(p_observed <= alpha))
-
-
-def max_t_adjusted(diffs: dict, step_down: bool = False) -> dict:
-    """Westfall-Young max-T adjusted p-values for a family of paired tests on the same seeds: single-step (the
-    default) or step-down.
-
-    ``diffs``: {name: the n paired differences, in the same seed order}. Every seed's sign is flipped jointly across
-    the family (all 2^n patterns, exactly), so the correlation between the tests is kept; this needs the seeds'
-    vectors of differences to be symmetric jointly (each seed's whole vector as likely as its negation), more than
-    each test's own validity. Each test's statistic is |s . d| / ||d||, which orders the patterns as its own
-    sign-flip test does (||d|| does not change with the signs) and puts the tests on one scale. A test's raw p is its
-    own exact sign-flip p (:func:`paired_sign_flip`'s).
-
-    Single-step: a test's adjusted p is the fraction of patterns whose largest statistic over the whole family
-    reaches the test's observed one. Step-down (``step_down=True``, Westfall and Young 1993, algorithm 2.8): order
-    the tests by observed statistic, largest first; the j-th test's p is the fraction of patterns whose largest
-    statistic over the tests from the j-th on (those with observed statistics no larger) reaches its observed one,
-    and the adjusted p-values are then made non-decreasing down the order (each the largest so far). Both control
-    the family-wise error rate under the same assumption; step-down is never larger than single-step, and equal for
-    the test with the largest statistic.
-
-    Returns {name: {"raw": p, "adjusted": p}}. Book: part IV, "Windows and sinks, measured".
-    """
-    names = list(diffs)
-    sizes = {k: np.asarray(diffs[k]).size for k in names}
-    if not names or len(set(sizes.values())) != 1:
-        raise ValueError(f"diffs must map each test to the same number of paired differences (the same seeds), got "
-                         f"sizes {sizes}")
-    check_type("step_down", step_down, bool, "True or False")
-    X = np.array([np.asarray(diffs[k], dtype=float).ravel() for k in names])  # (k, n)
-    n = check_int("number of pairs", X.shape[1], minimum=2, maximum=14)
-    if not np.all(np.isfinite(X)):
-        raise ValueError("diffs must hold finite numbers")
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n); the first row is the observed
-    T = np.abs(signs @ X.T) / np.sqrt((X ** 2).sum(axis=1))  # (2^n, k)
-    tol = 1e-12 * T.max()
-    raw = (T >= T[0] - tol).mean(axis=0)
-    if not step_down:
-        adjusted = np.array([(T.max(axis=1) >= t - tol).mean() for t in T[0]])
-    else:
-        order = np.argsort(-T[0], kind="stable")  # largest observed statistic first
-        # successive maxima over the tests from the j-th on: the running max taken from the end of the order
-        tail_max = np.maximum.accumulate(T[:, order][:, ::-1], axis=1)[:, ::-1]  # (2^n, k)
-        stepped = (tail_max >= T[0, order] - tol).mean(axis=0)  # (k,), in the order
-        adjusted = np.empty(len(names))
-        adjusted[order] = np.maximum.accumulate(stepped)  # monotone down the order
-    return {k: {"raw": float(r), "adjusted": float(a)} for k, r, a in zip(names, raw, adjusted)}
-
-
-def holm_adjusted(p_values):
-    """Holm's step-down adjustment of raw p-values (Holm 1979): sort them, p_(1) <= ... <= p_(k); the j-th adjusted
-    p is max over i <= j of min(1, (k - i + 1) p_(i)). It controls the family-wise error rate whatever the
-    dependence between the tests, needing only each test's own validity.
-
-    ``p_values``: a dict {name: raw p} (returns {name: adjusted p}) or a 1-D sequence (returns an array in the same
-    order). Book: part IV, "Windows and sinks, measured".
-    """
-    keys = list(p_values) if isinstance(p_values, dict) else None
-    p = np.asarray([p_values[k] for k in keys] if keys is not None else p_values, dtype=float)
-    if p.ndim != 1 or p.size == 0:
-        raise ValueError(f"p_values must be a non-empty dict or 1-D sequence of p-values, got shape {p.shape}")
-    if not np.all((p >= 0) & (p <= 1)):
-        raise ValueError(f"p_values must lie in [0, 1], got {p}")
-    k = p.size
-    order = np.argsort(p, kind="stable")
-    scaled = np.minimum(1.0, (k - np.arange(k)) * p[order])  # (k - i + 1) p_(i), i = 1..k
-    adjusted = np.empty(k)
-    adjusted[order] = np.maximum.accumulate(scaled)
-    return dict(zip(keys, adjusted.tolist())) if keys is not None else adjusted
