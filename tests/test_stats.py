@@ -165,6 +165,7 @@ def test_tables_on_a_small_results_table():
     d = table.val_loss[4:].to_numpy() - table.val_loss[:4].to_numpy()
     assert paired.loc[4, "pairs"] == 4 and paired.loc[4, "diff"] == pytest.approx(d.mean())
     assert paired.loc[4, "p_value"] == pytest.approx(2 / 16)  # every difference negative: 2 of 2^4 patterns
+    assert paired.loc[4, "p_holm"] == pytest.approx(2 / 16) and not paired.loc[4, "real_holm"]  # a family of one
     with pytest.raises(ValueError, match="reference 2 is not a value"):
         paired_table(table, "n_heads", reference=2)
 
@@ -476,3 +477,20 @@ def test_newcombe_interval_matches_the_published_examples():
     assert (round(d, 4), round(low, 4), round(high, 4)) == (0.2, 0.0524, 0.3339)
     d, low, high = newcombe_interval(9, 10, 3, 10)
     assert (round(d, 4), round(low, 4), round(high, 4)) == (0.6, 0.1705, 0.809)
+
+
+def test_paired_table_holm_adjusts_over_its_rows():
+    import pandas as pd
+
+    # Against reference 0, level 1 is +1 on every one of 8 seeds (p = 2/256), level 2 mixed (p = 1), level 3 +1 on
+    # seven seeds and -1 on one (p = 18/256: the 2 all-same-sign patterns and the 16 with one sign flipped, of 2^8).
+    # Holm by hand: sorted p 2/256, 18/256, 1 -> 3 x 2/256, max(that, 2 x 18/256), max(..., 1) = 6/256, 36/256, 1.
+    seeds = range(8)
+    rows = [{"level": 0, "seed": s, "m": 0.0} for s in seeds]
+    rows += [{"level": 1, "seed": s, "m": 1.0} for s in seeds]
+    rows += [{"level": 2, "seed": s, "m": (-1.0) ** s} for s in seeds]
+    rows += [{"level": 3, "seed": s, "m": 1.0 if s else -1.0} for s in seeds]
+    out = paired_table(pd.DataFrame(rows), "level", reference=0, metric="m")
+    assert out["p_value"].tolist() == pytest.approx([2 / 256, 1.0, 18 / 256])
+    assert out["p_holm"].tolist() == pytest.approx([6 / 256, 1.0, 36 / 256])
+    assert out["real_holm"].tolist() == [True, False, False]

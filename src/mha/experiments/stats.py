@@ -238,7 +238,9 @@ def paired_table(table, by: str, reference, metric: str = "val_loss", pair_on: s
                  confidence: float = 0.95):
     """Each value of ``by`` against ``reference`` (chosen before looking at the data), paired on ``pair_on``: the
     mean of ``metric(level) - metric(reference)`` over the pairs, its interval and p-value from
-    :func:`paired_difference`, and whether the difference is real (the test rejects; the interval excludes 0). A DataFrame indexed by the levels other than
+    :func:`paired_difference`, and whether the difference is real (the test rejects; the interval excludes 0);
+    ``p_holm`` and ``real_holm``: the p-values Holm-adjusted over the table's rows (:func:`holm_adjusted`; the rows
+    are a family of tests against one reference), and whether the adjusted test rejects. A DataFrame indexed by the levels other than
     ``reference``; only pairs present at both levels count (``pairs`` says how many)."""
     import pandas as pd
 
@@ -253,7 +255,11 @@ def paired_table(table, by: str, reference, metric: str = "val_loss", pair_on: s
         result = paired_difference(both[level], both[reference], confidence)
         rows[level] = dict(pairs=result["n"], diff=result["mean"], low=result["low"], high=result["high"],
                            p_value=result["p_value"], real=result["real"])
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(by)
+    out = pd.DataFrame.from_dict(rows, orient="index").rename_axis(by)
+    if len(out):  # the table is a family of tests against one reference: Holm over its rows
+        out["p_holm"] = holm_adjusted(out["p_value"].to_numpy(dtype=float))
+        out["real_holm"] = out["p_holm"] <= 1 - confidence
+    return out
 
 
 # ------------------------------------------------------------------------------------- what the chapters read off
