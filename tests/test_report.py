@@ -17,7 +17,9 @@ def test_interval_text_writes_a_mean_and_its_interval():
     assert report.interval_text(np.float64(2.5), np.float32(2.0), 3, ".1f") == "2.5 [2.0, 3.0]"
     # A single run has no interval: the mean alone.
     assert report.interval_text(0.5, math.nan, math.nan, ".2f") == "0.50"
-    assert report.interval_text(0.5, 0.1, math.inf, ".2f", form="to") == "0.50"
+    assert report.interval_text(0.5, 0.1, math.inf, ".2f", form="to") == "0.50 (unbounded)"
+    assert report.interval_text(0.5, -math.inf, math.inf, ".2f") == "0.50 [unbounded]"  # five pairs, sign-flip
+    assert report.interval_text(0.5, math.nan, math.nan, ".2f") == "0.50"  # one run: no interval
 
 
 def test_interval_text_refuses_bad_arguments():

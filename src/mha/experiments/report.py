@@ -53,13 +53,16 @@ def _format_spec(fmt) -> str:
 
 def interval_text(mean, low, high, fmt: str = ".3f", form: str = "brackets") -> str:
     """A mean with its interval, each number written with ``fmt``: ``form="brackets"`` gives
-    "0.123 [0.101, 0.145]", ``form="to"`` gives "0.123 (0.101 to 0.145)". Where an end is NaN or infinite (a
-    single run has no interval) the mean alone: "0.123"."""
+    "0.123 [0.101, 0.145]", ``form="to"`` gives "0.123 (0.101 to 0.145)". Where an end is NaN (a single run has no
+    interval) the mean alone: "0.123"; where an end is infinite (a test that cannot reject at this sample size, e.g.
+    the sign-flip test at five pairs) the mean and "unbounded": "0.123 [unbounded]" or "0.123 (unbounded)"."""
     mean, low, high = _real("mean", mean), _real("low", low), _real("high", high)
     fmt = _format_spec(fmt)
     check_choice("form", form, FORMS)
-    if not (math.isfinite(low) and math.isfinite(high)):
+    if math.isnan(low) or math.isnan(high):
         return f"{mean:{fmt}}"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{mean:{fmt}} (unbounded)" if form == "to" else f"{mean:{fmt}} [unbounded]"
     if form == "to":
         return f"{mean:{fmt}} ({low:{fmt}} to {high:{fmt}})"
     return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
