@@ -75,7 +75,11 @@ def test_dynamics_records_probes_and_artifacts(dynamics):
     artifacts = out.parent.parent / "artifacts" / "r1"
     assert sorted(p.name for p in artifacts.iterdir()) == ["ablations.json", "attention.json", "history.json"]
     ablations = json.loads((artifacts / "ablations.json").read_text())
-    assert [a["ablated"] for a in ablations] == ["none", "L0H0", "L0H1", "L0", "L1H0", "L1H1", "L1"]
+    zero = ["none", "L0H0", "L0H1", "L0", "L1H0", "L1H1", "L1"]  # first, under the names they always had
+    sets = [name for name in ("induction", "previous_token") if metrics[f"n_{name}_heads"]]
+    assert [a["ablated"] for a in ablations] == zero + sets + [f"mean:{name}" for name in zero[1:] + sets]
+    n_zero, n_mean = len(zero) + len(sets), len(zero) - 1 + len(sets)
+    assert [a["ablation"] for a in ablations] == ["zero"] * n_zero + ["mean"] * n_mean
     assert json.loads((artifacts / "attention.json").read_text())["period"] == 4
     assert json.loads((out / "metrics.json").read_text())["loss_repeat"] == metrics["loss_repeat"]
 

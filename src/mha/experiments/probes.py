@@ -7,8 +7,9 @@ head ablations) and "The scaling ablation" (per-step gradient norms, loss spikes
 against part I's variance prediction, attention entropy); part IV, "Windows and sinks, measured"
 (:func:`first_token_attention`).
 
-:class:`DynamicsProbe` is a :class:`~mha.experiments.train.Hook`: it records every step's loss and gradient norm and
-probes the model at step 0 and at every evaluation.
+:class:`DynamicsProbe` is a :class:`~mha.experiments.train.Hook`: it records every step's loss and gradient norm
+(and, per layer, the gradient norms of the query and key projections, before clipping) and probes the model at step
+0 and at every evaluation. :func:`head_ablations` removes heads by zero and by mean ablation.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from mha._checks import check_int, check_type
-from mha.attention import causal_mask
+from mha.attention import MultiHeadAttention, causal_mask
 from mha.experiments.analysis import induction_score, previous_token_score
 from mha.experiments.model import TinyTransformer
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import Hook
 
-__all__ = ["split_losses", "attention_probe", "head_ablations", "count_spikes", "DynamicsProbe",
-           "first_token_attention"]
+__all__ = ["split_losses", "attention_probe", "head_outputs", "head_means", "head_ablations", "count_spikes",
+           "DynamicsProbe", "first_token_attention"]
 
 
 @torch.no_grad()
@@ -102,31 +103,132 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
     return layers
 
 
+def _attention_modules(model: TinyTransformer, what: str) -> list[MultiHeadAttention]:
+    """Every block's :class:`MultiHeadAttention`; a clear error for attention that has no separate query and key
+    projections and per-head outputs read by one o_proj (latent attention, kv_rank)."""
+    modules = [block.attn for block in model.blocks]
+    for i, attn in enumerate(modules):
+        if not isinstance(attn, MultiHeadAttention):
+            raise ValueError(f"{what} needs MultiHeadAttention (separate q_proj and k_proj, heads merged before "
+                             f"o_proj) in every layer; layer {i} has {type(attn).__name__} (latent attention, kv_rank, "
+                             f"builds its keys from a shared latent: no key projection per head to measure or ablate)")
+    return modules
+
+
 @torch.no_grad()
-def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch.Tensor, period: int) -> list[dict]:
-    """The loss on the first copy and on the repeat of fixed-period probe sequences with each head removed in turn
-    (through the model's ``head_mask``), then every head of a layer; the first entry ("none") removes nothing.
-    Each entry also holds every layer's induction scores under that ablation."""
+def head_outputs(model: TinyTransformer, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, (N, L, h, head_dim): each head's output as the layer's output projection reads it (after the
+    attention, the output gate and ``head_mask``; before o_proj), from a forward pass in eval mode."""
+    modules = _attention_modules(model, "head_outputs")
+    captured = []
+    handles = [attn.o_proj.register_forward_pre_hook(
+        lambda module, args, attn=attn: captured.append(
+            args[0].detach().unflatten(-1, (attn.n_heads, attn.head_dim))))  # (N, L, h, head_dim)
+        for attn in modules]
+    was_training = model.training
+    model.eval()
+    try:
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return captured
+
+
+def head_means(model: TinyTransformer, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, (h, head_dim): each head's mean output (:func:`head_outputs`) over every sequence of ``x`` and
+    every position, in the model's dtype (accumulated in float64, so a head whose output is constant has that
+    constant as its mean, exactly)."""
+    return [out.double().mean(dim=(0, 1)).to(out.dtype) for out in head_outputs(model, x)]
+
+
+@torch.no_grad()
+def _mean_ablated_forward(model: TinyTransformer, x: torch.Tensor, heads, means: list[torch.Tensor]):
+    """``model(x, need_weights=True)`` with the output of each (layer, head) of ``heads`` replaced by that head's
+    mean output ``means[layer][head]`` (h, head_dim per layer), through forward pre-hooks on o_proj."""
+    by_layer = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def replace(layer, selected):
+        def hook(module, args):
+            out = args[0].unflatten(-1, means[layer].shape).clone()  # (N, L, h, head_dim)
+            out[:, :, selected] = means[layer][selected].to(out.dtype)  # (k, head_dim), the same at every position
+            return (out.flatten(-2),)  # (N, L, h * head_dim)
+        return hook
+
+    handles = [model.blocks[layer].attn.o_proj.register_forward_pre_hook(replace(layer, selected))
+               for layer, selected in by_layer.items()]
+    try:
+        return model(x, need_weights=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch.Tensor, period: int,
+                   head_sets: dict | None = None, mean: bool = True) -> list[dict]:
+    """The loss on the first copy and on the repeat of fixed-period probe sequences with heads ablated.
+
+    Zero ablation (``"ablation": "zero"``, through the model's ``head_mask``: the head's output multiplied by 0):
+    each head in turn, then every head of a layer, in that order after a first entry ("none") that removes
+    nothing; then each set of ``head_sets`` (name -> list of (layer, head), e.g. the heads identified as induction
+    heads), skipping empty sets.
+
+    Mean ablation (``"ablation": "mean"``, with ``mean``): the same single heads, layers and sets, each head's
+    output replaced by its mean output (:func:`head_means`), one vector per head averaged over every sequence of
+    ``probe_x`` and every position, measured in the intact model (so a mean-ablated set uses every member's
+    unablated mean, as Wang et al. 2022 take the mean over a reference distribution). The ablated head then carries
+    no information about the tokens or the position it reads and still adds its average to the residual stream,
+    which zero ablation also removes (a shift the later layers never saw in training, which is why zeroing a whole
+    layer can push the loss above uniform guessing). Averaging over positions too (not per position) is the
+    choice made here: a per-position mean would leave whatever the head's output says about position. The probe
+    sequences are random tokens, so their mean carries no token information. Mean entries are named
+    ``"mean:<name>"`` (e.g. "mean:L1H2"), so that the zero entries keep their names, unique across the list.
+
+    Each entry: ``ablated`` (its name), ``ablation`` ("zero" or "mean"; the "none" entry is "zero" of no head),
+    ``heads`` ([layer, head] pairs), ``loss_first``, ``loss_repeat`` and every layer's induction scores under that
+    ablation.
+    """
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     device = probe_x.device
     on_repeat = torch.arange(probe_x.shape[1], device=device) >= period  # (L,): the repeat
-    masks = [("none", None)]
+    targets = [("none", [])]
     for layer in range(n_layers):
-        masks += [(f"L{layer}H{head}", (layer, head)) for head in range(n_heads)]
-        masks.append((f"L{layer}", (layer, None)))
+        targets += [(f"L{layer}H{head}", [(layer, head)]) for head in range(n_heads)]
+        targets.append((f"L{layer}", [(layer, head) for head in range(n_heads)]))
+    for name, heads in (head_sets or {}).items():
+        heads = [(int(layer), int(head)) for layer, head in heads]
+        if any(not (0 <= layer < n_layers and 0 <= head < n_heads) for layer, head in heads):
+            raise ValueError(f"head_sets[{name!r}] = {heads} names a head outside {n_layers} layers x {n_heads} heads")
+        if heads:
+            targets.append((name, heads))
     was_training = model.training
     model.eval()
-    ablations = []
-    for name, target in masks:
-        head_mask = torch.ones(n_layers, n_heads, device=device)
-        if target is not None:
-            head_mask[target[0], slice(None) if target[1] is None else target[1]] = 0.0
-        logits, _, weights = model(probe_x, head_mask=head_mask, need_weights=True)  # (N, L, V)
+
+    def entry(name, ablation, heads, logits, weights):
         losses = F.cross_entropy(logits.transpose(1, 2), probe_y, reduction="none")  # (N, L)
-        ablations.append(dict(ablated=name, loss_first=losses[:, ~on_repeat].mean().item(),
-                              loss_repeat=losses[:, on_repeat].mean().item(),
-                              induction=[induction_score(w, period).tolist() for w in weights]))
-    model.train(was_training)
+        return dict(ablated=name, ablation=ablation, heads=[list(pair) for pair in heads],
+                    loss_first=losses[:, ~on_repeat].mean().item(), loss_repeat=losses[:, on_repeat].mean().item(),
+                    induction=[induction_score(w, period).tolist() for w in weights])
+
+    ablations = []
+    try:
+        for name, heads in targets:
+            head_mask = torch.ones(n_layers, n_heads, device=device)
+            for layer, head in heads:
+                head_mask[layer, head] = 0.0
+            logits, _, weights = model(probe_x, head_mask=head_mask, need_weights=True)  # (N, L, V)
+            ablations.append(entry(name, "zero", heads, logits, weights))
+        if mean:
+            means = head_means(model, probe_x)  # per layer (h, head_dim), the intact model's
+            for name, heads in targets[1:]:
+                logits, _, weights = _mean_ablated_forward(model, probe_x, heads, means)
+                ablations.append(entry(f"mean:{name}", "mean", heads, logits, weights))
+    finally:
+        model.train(was_training)
     return ablations
 
 
@@ -233,13 +335,25 @@ def count_spikes(losses, start: int, window: int, sigmas: float) -> int:
 
 
 class DynamicsProbe(Hook):
-    """Records every step's loss and gradient norm, and probes the model at step 0 and at each evaluation.
+    """Records every step's loss, gradient norm and, per layer, the gradient norms of the query and key projection
+    weights, and probes the model at step 0 and at each evaluation.
 
     Each evaluation record gets: ``grad_norm_max`` and ``grad_norm_mean`` over the steps since the previous one,
-    ``layers`` (:func:`attention_probe` on the first held-out batch, with induction scores on ``probe_x`` when
-    given) and, on a repeat task, :func:`split_losses` on the held-out batches. ``train_loss`` becomes the mean of
-    the interval's step losses taken one by one as Python floats (the dynamics runs' convention since they began).
-    A step whose loss or gradient norm is not finite stops the run.
+    ``qk_grad_norms`` (per layer, ``{"q": mean, "k": mean}`` of the interval's W_Q and W_K gradient norms; None at
+    step 0), ``layers`` (:func:`attention_probe` on the first held-out batch, with induction scores on ``probe_x``
+    when given) and, on a repeat task, :func:`split_losses` on the held-out batches. ``train_loss`` becomes the mean
+    of the interval's step losses taken one by one as Python floats (the dynamics runs' convention since they
+    began). A step whose loss or gradient norm is not finite stops the run.
+
+    The W_Q and W_K gradient norms (Frobenius norms of ``q_proj.weight.grad`` and ``k_proj.weight.grad``, biases
+    left out) are taken before clipping: the trainer calls :meth:`on_step` after ``clip_grad_norm_`` has scaled the
+    gradients in place, so the norms are read by hooks on the two parameters
+    (``register_post_accumulate_grad_hook``), which run inside ``loss.backward()`` once the gradient is complete.
+    They only read the gradient (one norm each, no copies, no random draws): training computes exactly what it did
+    without them. ``q_grad_norms`` and ``k_grad_norms`` hold, for every step, one norm per layer. The model's
+    attention must be :class:`~mha.attention.MultiHeadAttention` in every layer (latent attention has no key
+    projection per head: :meth:`on_start` refuses it). :meth:`close` removes the hooks (the study calls it after
+    training).
     """
 
     eval_at_start = True
@@ -249,7 +363,10 @@ class DynamicsProbe(Hook):
         self.repeat_mask = repeat_mask  # x -> (N, L) bool "position on the repeat", for repeat tasks; else None
         self.probe_x, self.period = probe_x, period
         self.step_losses, self.grad_norms = [], []  # every step
-        self._interval_losses, self._interval_norms = [], []
+        self.q_grad_norms, self.k_grad_norms = [], []  # every step: per layer, |dL/dW_Q|_F and |dL/dW_K|_F
+        self._interval_losses, self._interval_norms, self._interval_qk = [], [], []
+        self._pending = {}  # ("q" or "k", layer) -> this step's gradient norm (a 0-d tensor), set during backward
+        self._handles, self._n_layers = [], 0
         self.finite = True
         self.model = self.eval_set = self.eval_split = None
 
@@ -257,26 +374,58 @@ class DynamicsProbe(Hook):
         self.model, self.eval_set = model, eval_set
         if self.repeat_mask is not None:
             self.eval_split = [(x, y, self.repeat_mask(x)) for x, y in eval_set]
+        self._watch_qk_gradients(model)
+
+    def _watch_qk_gradients(self, model) -> None:
+        self.close()
+        for layer, attn in enumerate(_attention_modules(model, "DynamicsProbe (per-layer W_Q / W_K gradient norms)")):
+            for kind, weight in (("q", attn.q_proj.weight), ("k", attn.k_proj.weight)):
+                self._handles.append(weight.register_post_accumulate_grad_hook(self._norm_hook(kind, layer)))
+        self._n_layers = len(model.blocks)
+
+    def _norm_hook(self, kind: str, layer: int):
+        def hook(param):  # inside backward, after param.grad is complete and before any clipping
+            self._pending[kind, layer] = torch.linalg.vector_norm(param.grad.detach())
+        return hook
+
+    def close(self) -> None:
+        """Remove the gradient hooks from the model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def on_step(self, step, loss, grad_norm) -> bool:
         self.step_losses.append(loss.item())
         self.grad_norms.append(grad_norm.item())
         self._interval_losses.append(self.step_losses[-1])
         self._interval_norms.append(self.grad_norms[-1])
+        if self._handles:
+            keys = [(kind, layer) for kind in "qk" for layer in range(self._n_layers)]
+            missing = [f"{kind}_proj of layer {layer}" for kind, layer in keys if (kind, layer) not in self._pending]
+            if missing:
+                raise RuntimeError(f"step {step}: no gradient reached {', '.join(missing)} before on_step")
+            norms = torch.stack([self._pending[key] for key in keys]).tolist()  # one transfer: q per layer, k per layer
+            self._pending = {}  # a step's norms are never read at the next one
+            self.q_grad_norms.append(norms[:self._n_layers])
+            self.k_grad_norms.append(norms[self._n_layers:])
+            self._interval_qk.append((self.q_grad_norms[-1], self.k_grad_norms[-1]))
         if not (math.isfinite(self.step_losses[-1]) and math.isfinite(self.grad_norms[-1])):
             self.finite = False  # diverged: the trainer evaluates once more and stops
         return not self.finite
 
     def on_eval(self, record) -> None:
-        norms = self._interval_norms
+        norms, qk = self._interval_norms, self._interval_qk
         if self._interval_losses:
             record["train_loss"] = statistics.fmean(self._interval_losses)
         record.update(grad_norm_max=max(norms) if norms else None,
                       grad_norm_mean=statistics.fmean(norms) if norms else None,
+                      qk_grad_norms=[{"q": statistics.fmean(q[layer] for q, _ in qk),
+                                      "k": statistics.fmean(k[layer] for _, k in qk)}
+                                     for layer in range(len(qk[0][0]))] if qk else None,
                       layers=attention_probe(self.model, self.eval_set[0][0], self.probe_x, self.period))
         if self.eval_split is not None:
             record.update(split_losses(self.model, self.eval_split))
-        self._interval_losses, self._interval_norms = [], []
+        self._interval_losses, self._interval_norms, self._interval_qk = [], [], []
 
 
 def fixed_period_probe(task: RepeatedSequence, seed: int, batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -236,7 +236,16 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
 
     Book: part III, "Induction heads" (repeat tasks: the loss on each half, induction scores, head ablations,
     attention maps) and "The scaling ablation" (gradient norms, loss spikes, score statistics at initialisation
-    and after training). Returns {"metrics", "model", "task", "history", "grad_norms", "step_losses", "artifacts"}.
+    and after training). Returns {"metrics", "model", "task", "history", "grad_norms", "q_grad_norms",
+    "k_grad_norms", "step_losses", "artifacts"}.
+
+    Besides the global gradient norm, every step's W_Q and W_K gradient norms per layer (before clipping), summarised
+    as ``q_grad_norm_median_L{i}``, ``q_grad_norm_max_L{i}``, ``k_grad_norm_median_L{i}``, ``k_grad_norm_max_L{i}``.
+    On a repeat task, the head ablations (:func:`~mha.experiments.probes.head_ablations`, zero and mean) include the
+    heads identified at the end of training as induction heads and as previous-token heads (:func:`_identified_heads`):
+    ``n_induction_heads``, ``n_previous_token_heads``, ``loss_repeat_probe_mean_ablate_induction``,
+    ``loss_repeat_probe_mean_ablate_prev`` and their zero-ablation counterparts (None when no head was identified),
+    and ``loss_repeat_probe_mean_ablate_layer0`` beside ``loss_repeat_probe_no_layer0``.
     """
     out_dir, artifacts_path = _prepare(config, DynamicsRun, out_dir, artifacts_dir)
     task = _dynamics_task(config)
@@ -251,7 +260,10 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
     probe = DynamicsProbe(repeat_mask=_repeat_mask_fn(task) if is_repeat else None, probe_x=probe_x,
                           period=task.seq_len if is_repeat else None)
     model_config = config.model_config(task)
-    result = train(model_config, task, config.train, progress=config.progress, hooks=[probe])
+    try:
+        result = train(model_config, task, config.train, progress=config.progress, hooks=[probe])
+    finally:
+        probe.close()  # the W_Q / W_K gradient hooks: the model returned carries none
     model = result.model
     device = next(model.parameters()).device
     history = result["history"]
@@ -260,12 +272,13 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
     grad_norms = probe.grad_norms
     after_warmup = np.array(grad_norms[warmup:]) if len(grad_norms) > warmup else np.array(grad_norms)
     spikes = count_spikes(probe.step_losses, warmup, config.spike_window, config.spike_sigmas)
-    ablations = []
-    if is_repeat:  # the same 64 fixed-period sequences as the induction probe
-        ablation_x, ablation_y = fixed_period_probe(task, config.train.seed + 1000, 64, device)
-        ablations = head_ablations(model, ablation_x, ablation_y, task.seq_len)
-
     final, init = history[-1], history[0]
+    ablations, identified = [], {}
+    if is_repeat:  # the same 64 fixed-period sequences as the induction probe
+        identified = _identified_heads(final)
+        ablation_x, ablation_y = fixed_period_probe(task, config.train.seed + 1000, 64, device)
+        ablations = head_ablations(model, ablation_x, ablation_y, task.seq_len, head_sets=identified)
+
     metrics = dict(
         val_loss=final["val_loss"], val_acc=final["val_acc"], train_loss=final["train_loss"],
         val_loss_best=min(h["val_loss"] for h in history), finite=probe.finite, steps_done=len(probe.step_losses),
@@ -276,6 +289,7 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
         params=result["params"], n_kv_heads=result["n_kv_heads"], head_dim=result["head_dim"],
         kv_cache_bytes=result["kv_cache_bytes"], model_config=result["model_config"],
         train_config=result["train_config"], task_config=task.config())
+    metrics.update(_qk_grad_summary(probe, warmup))
     for when, record in (("init", init), ("final", final)):
         for stat in ("score_std", "score_absmax", "score_var_pred", "entropy", "max_weight"):
             metrics[f"{stat}_{when}"] = max(layer[stat] for layer in record["layers"])  # largest over the layers
@@ -290,12 +304,44 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
         artifacts["ablations"] = rounded(ablations)
         metrics["loss_repeat_probe"] = ablations[0]["loss_repeat"]
         metrics["loss_repeat_probe_no_layer0"] = next(a["loss_repeat"] for a in ablations if a["ablated"] == "L0")
+        by_name = {a["ablated"]: a["loss_repeat"] for a in ablations}
+        metrics["loss_repeat_probe_mean_ablate_layer0"] = by_name["mean:L0"]
+        for name, short in (("induction", "induction"), ("previous_token", "prev")):
+            metrics[f"n_{name}_heads"] = len(identified[name])
+            # None when no head passed the threshold (nothing to ablate)
+            metrics[f"loss_repeat_probe_zero_ablate_{short}"] = by_name.get(name)
+            metrics[f"loss_repeat_probe_mean_ablate_{short}"] = by_name.get(f"mean:{name}")
     if config.save_attention and is_repeat:
         artifacts["attention"] = _saved_attention(model, task, final, config.train.seed)
     _record_machine(metrics, config, device)
     _finish(metrics, out_dir, artifacts, artifacts_path)
     return dict(metrics=metrics, model=model, task=task, history=history, grad_norms=grad_norms,
-                step_losses=probe.step_losses, artifacts=artifacts)
+                q_grad_norms=probe.q_grad_norms, k_grad_norms=probe.k_grad_norms, step_losses=probe.step_losses,
+                artifacts=artifacts)
+
+
+def _qk_grad_summary(probe: DynamicsProbe, warmup: int) -> dict:
+    """Per layer i: q_grad_norm_median_L{i}, q_grad_norm_max_L{i}, k_grad_norm_median_L{i}, k_grad_norm_max_L{i},
+    the median and the largest gradient norm of W_Q and W_K (before clipping) over the steps after warmup (all steps
+    if the run stopped before warmup ended), as median_grad_norm and max_grad_norm."""
+    summary = {}
+    for kind, norms in (("q", probe.q_grad_norms), ("k", probe.k_grad_norms)):
+        norms = np.array(norms, dtype=float)  # (steps, n_layers)
+        after_warmup = norms[warmup:] if len(norms) > warmup else norms
+        for layer in range(after_warmup.shape[1]):
+            summary[f"{kind}_grad_norm_median_L{layer}"] = float(np.median(after_warmup[:, layer]))
+            summary[f"{kind}_grad_norm_max_L{layer}"] = float(after_warmup[:, layer].max())
+    return summary
+
+
+def _identified_heads(final: dict) -> dict:
+    """{"induction": [(layer, head), ...], "previous_token": [...]}: the heads whose final induction (previous-token)
+    score on the fixed-period probe passes :data:`mha.experiments.analysis.THRESHOLDS` (score >= 0.5). The two are
+    tested independently, not in :func:`~mha.experiments.analysis.classify_heads`'s order: the scores average over
+    different queries (the repeat; every position), so a head could in principle be in both sets."""
+    return {kind: [(layer, head) for layer, record in enumerate(final["layers"])
+                   for head, score in enumerate(record[kind]) if score >= analysis.THRESHOLDS[kind]]
+            for kind in ("induction", "previous_token")}
 
 
 @torch.no_grad()
