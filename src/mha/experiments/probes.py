@@ -180,12 +180,13 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
     Mean ablation (``"ablation": "mean"``, with ``mean``): the same single heads, layers and sets, each head's
     output replaced by its mean output (:func:`head_means`), one vector per head averaged over every sequence of
     ``probe_x`` and every position, measured in the intact model (so a mean-ablated set uses every member's
-    unablated mean, as Wang et al. 2022 take the mean over a reference distribution). The ablated head then carries
-    no information about the tokens or the position it reads and still adds its average to the residual stream,
-    which zero ablation also removes (a shift the later layers never saw in training, which is why zeroing a whole
-    layer can push the loss above uniform guessing). Averaging over positions too (not per position) is the
-    choice made here: a per-position mean would leave whatever the head's output says about position. The probe
-    sequences are random tokens, so their mean carries no token information. Mean entries are named
+    unablated mean). The ablated head then carries no information about the tokens it reads and still adds its
+    average to the residual stream, which zero ablation also removes (a shift the later layers never saw in
+    training, which is why zeroing a whole layer can push the loss above uniform guessing). Known limitation: the
+    mean is pooled over all positions, first copy and repeat together, so on a repeat task it carries the head's
+    first-copy behaviour into the repeat positions (book: part III, "Induction heads", measures the artefact in
+    the committed runs). A mean per position (over the sequences, at each position), closer to the mean over a
+    reference distribution of Wang et al. 2022, is the better-defined ablation; the committed runs predate it. Mean entries are named
     ``"mean:<name>"`` (e.g. "mean:L1H2"), so that the zero entries keep their names, unique across the list.
 
     Each entry: ``ablated`` (its name), ``ablation`` ("zero" or "mean"; the "none" entry is "zero" of no head),
