@@ -214,10 +214,13 @@ def test_mean_ablation_against_a_forward_pass_written_out():
     torch.testing.assert_close(logits, model(x)[0], rtol=1e-4, atol=1e-4)  # the written-out pass is the model's
     for ours, theirs in zip(outputs, head_outputs(model, x)):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
-    means = {(layer, head): out[:, :, head].double().mean(dim=(0, 1)).float()  # over sequences and positions
+    means = {(layer, head): out[:, :, head].double().mean(dim=0).float()  # (L, head_dim): over the sequences
              for layer, out in enumerate(outputs) for head in range(2)}
-    for layer, mean in enumerate(head_means(model, x)):
-        torch.testing.assert_close(mean, torch.stack([means[layer, 0], means[layer, 1]]), rtol=1e-4, atol=1e-5)
+    for layer, mean in enumerate(head_means(model, x)):  # (L, h, head_dim)
+        torch.testing.assert_close(mean, torch.stack([means[layer, 0], means[layer, 1]], dim=1), rtol=1e-4,
+                                   atol=1e-5)
+    # The means differ between positions, so a mean pooled over positions would fail the comparisons below.
+    assert all((m[0] - m[-1]).abs().max() > 1e-2 for m in means.values())
     ablations = head_ablations(model, x, y, PERIOD, head_sets={"pair": [(0, 1), (1, 0)]})
     by_name = {a["ablated"]: a for a in ablations}
     assert by_name["none"]["loss_repeat"] == pytest.approx(_repeat_loss(logits, y), rel=1e-5)

@@ -137,24 +137,26 @@ def head_outputs(model: TinyTransformer, x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def head_means(model: TinyTransformer, x: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer, (h, head_dim): each head's mean output (:func:`head_outputs`) over every sequence of ``x`` and
-    every position, in the model's dtype (accumulated in float64, so a head whose output is constant has that
-    constant as its mean, exactly)."""
-    return [out.double().mean(dim=(0, 1)).to(out.dtype) for out in head_outputs(model, x)]
+    """Per layer, (L, h, head_dim): each head's mean output (:func:`head_outputs`) at each position, over the
+    sequences of ``x``, in the model's dtype (accumulated in float64, so a head whose output is constant has that
+    constant as its mean, exactly). One mean per position, not one pooled over positions: on a repeat task a
+    pooled mean would carry the head's first-copy behaviour into the repeat positions."""
+    return [out.double().mean(dim=0).to(out.dtype) for out in head_outputs(model, x)]  # (L, h, head_dim) each
 
 
 @torch.no_grad()
 def _mean_ablated_forward(model: TinyTransformer, x: torch.Tensor, heads, means: list[torch.Tensor]):
-    """``model(x, need_weights=True)`` with the output of each (layer, head) of ``heads`` replaced by that head's
-    mean output ``means[layer][head]`` (h, head_dim per layer), through forward pre-hooks on o_proj."""
+    """``model(x, need_weights=True)`` with the output of each (layer, head) of ``heads`` replaced, at each position,
+    by that head's mean output there, ``means[layer][:, head]`` ((L, h, head_dim) per layer, L the length of ``x``),
+    through forward pre-hooks on o_proj."""
     by_layer = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
 
     def replace(layer, selected):
         def hook(module, args):
-            out = args[0].unflatten(-1, means[layer].shape).clone()  # (N, L, h, head_dim)
-            out[:, :, selected] = means[layer][selected].to(out.dtype)  # (k, head_dim), the same at every position
+            out = args[0].unflatten(-1, means[layer].shape[-2:]).clone()  # (N, L, h, head_dim)
+            out[:, :, selected] = means[layer][:, selected].to(out.dtype)  # (L, k, head_dim), the same in every sequence
             return (out.flatten(-2),)  # (N, L, h * head_dim)
         return hook
 
@@ -178,15 +180,14 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
     heads), skipping empty sets.
 
     Mean ablation (``"ablation": "mean"``, with ``mean``): the same single heads, layers and sets, each head's
-    output replaced by its mean output (:func:`head_means`), one vector per head averaged over every sequence of
-    ``probe_x`` and every position, measured in the intact model (so a mean-ablated set uses every member's
-    unablated mean). The ablated head then carries no information about the tokens it reads and still adds its
-    average to the residual stream, which zero ablation also removes (a shift the later layers never saw in
-    training, which is why zeroing a whole layer can push the loss above uniform guessing). Known limitation: the
-    mean is pooled over all positions, first copy and repeat together, so on a repeat task it carries the head's
-    first-copy behaviour into the repeat positions (book: part III, "Induction heads", measures the artefact in
-    the committed runs). A mean per position (over the sequences, at each position), closer to the mean over a
-    reference distribution of Wang et al. 2022, is the better-defined ablation; the committed runs predate it. Mean entries are named
+    output replaced by its mean output (:func:`head_means`): at each position, the head's output averaged over the
+    sequences of ``probe_x``, measured in the intact model (so a mean-ablated set uses every member's unablated
+    mean). The ablated head then carries no information about the particular sequence and still adds its average
+    at that position to the residual stream, which zero ablation also removes (a shift the later layers never saw
+    in training, which is why zeroing a whole layer can push the loss above uniform guessing). The mean is taken
+    per position, not pooled over positions, because on a repeat task a pooled mean would carry the head's
+    first-copy behaviour into the repeat positions (as in Wang et al. 2022, the mean over a reference
+    distribution of inputs of the same form). Mean entries are named
     ``"mean:<name>"`` (e.g. "mean:L1H2"), so that the zero entries keep their names, unique across the list.
 
     Each entry: ``ablated`` (its name), ``ablation`` ("zero" or "mean"; the "none" entry is "zero" of no head),
