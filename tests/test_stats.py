@@ -12,7 +12,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from mha.experiments.stats import (EXACT_MAX_PAIRS, against_range, flip_distance, left_chance, mean_interval,
+from mha.experiments.stats import (EXACT_MAX_PAIRS, against_range, flip_distance, holm_verdict, left_chance, mean_interval,
                                    outcome_of, outcome_orderings, outcome_table, outcomes, paired_difference,
                                    paired_interval, paired_table, rank_correlation, separated, separated_pairs,
                                    unpaired_difference, verdict, wilson_interval)
@@ -494,3 +494,13 @@ def test_paired_table_holm_adjusts_over_its_rows():
     assert out["p_value"].tolist() == pytest.approx([2 / 256, 1.0, 18 / 256])
     assert out["p_holm"].tolist() == pytest.approx([6 / 256, 1.0, 36 / 256])
     assert out["real_holm"].tolist() == [True, False, False]
+
+
+def test_holm_verdict_reads_the_adjusted_test_and_refuses_an_impossible_row():
+    assert holm_verdict({"diff": 0.2, "real": True, "real_holm": True}, "higher", "lower") == "higher"
+    assert holm_verdict({"diff": -0.2, "real": True, "real_holm": True}, "higher", "lower") == "lower"
+    assert holm_verdict({"diff": 0.2, "real": True, "real_holm": False}, "higher", "lower") == "not resolved"
+    with pytest.raises(ValueError, match="an adjusted p cannot be below the raw p"):
+        holm_verdict({"diff": 0.2, "real": False, "real_holm": True}, "higher", "lower")
+    with pytest.raises(TypeError, match="row must be a row of paired_table"):
+        holm_verdict({"diff": 0.2}, "higher", "lower")

@@ -156,7 +156,7 @@ def _mean_ablated_forward(model: TinyTransformer, x: torch.Tensor, heads, means:
     def replace(layer, selected):
         def hook(module, args):
             out = args[0].unflatten(-1, means[layer].shape[-2:]).clone()  # (N, L, h, head_dim)
-            out[:, :, selected] = means[layer][:, selected].to(out.dtype)  # (L, k, head_dim), the same in every sequence
+            out[:, :, selected] = means[layer][:, selected].to(out.dtype)  # (L, k, head_dim), in every sequence
             return (out.flatten(-2),)  # (N, L, h * head_dim)
         return hook
 
@@ -187,8 +187,8 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
     in training, which is why zeroing a whole layer can push the loss above uniform guessing). The mean is taken
     per position, not pooled over positions, because on a repeat task a pooled mean would carry the head's
     first-copy behaviour into the repeat positions (as in Wang et al. 2022, the mean over a reference
-    distribution of inputs of the same form). Mean entries are named
-    ``"mean:<name>"`` (e.g. "mean:L1H2"), so that the zero entries keep their names, unique across the list.
+    distribution of inputs of the same form). Mean entries are named ``"mean:<name>"`` (e.g. "mean:L1H2"), so that
+    the zero entries keep their names, unique across the list.
 
     Each entry: ``ablated`` (its name), ``ablation`` ("zero" or "mean"; the "none" entry is "zero" of no head),
     ``heads`` ([layer, head] pairs), ``loss_first``, ``loss_repeat`` and every layer's induction scores under that
@@ -225,7 +225,7 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
             logits, _, weights = model(probe_x, head_mask=head_mask, need_weights=True)  # (N, L, V)
             ablations.append(entry(name, "zero", heads, logits, weights))
         if mean:
-            means = head_means(model, probe_x)  # per layer (h, head_dim), the intact model's
+            means = head_means(model, probe_x)  # per layer (L, h, head_dim), the intact model's
             for name, heads in targets[1:]:
                 logits, _, weights = _mean_ablated_forward(model, probe_x, heads, means)
                 ablations.append(entry(f"mean:{name}", "mean", heads, logits, weights))

@@ -20,7 +20,8 @@ What the chapters read off those results, each rule stated once:
   :func:`paired_difference`; both also accept a single run (the mean, with no interval: NaN bounds), as a partial
   sweep may leave.
 * :func:`verdict` — the word a difference earns: one word when its interval lies above 0, another below 0, a third
-  when it contains 0. :func:`flip_distance` — how far a rerun would have to move the difference to change that word.
+  when it contains 0; :func:`holm_verdict` — the same from a :func:`paired_table` row's Holm-adjusted test.
+  :func:`flip_distance` — how far a rerun would have to move the difference to change that word.
 * :func:`separated_pairs` — which pairs of levels have disjoint intervals (an ordering is stated) and which overlap.
 * :func:`outcome_orderings` — for pairs of head counts in an :func:`outcome_table`, which of the fraction solved, the
   fraction at chance and the mean loss separate, and which head count each favours.
@@ -58,7 +59,7 @@ __all__ = ["wilson_interval", "paired_difference", "EXACT_MAX_PAIRS", "unpaired_
            "OUTCOMES", "outcome_of", "outcome_table", "paired_table",
            "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
            "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison",
-           "newcombe_interval", "max_t_adjusted", "holm_adjusted"]
+           "newcombe_interval", "max_t_adjusted", "holm_adjusted", "holm_verdict"]
 
 OUTCOMES = ("solved", "partial", "chance")
 """The two-offset task's plateaus: loss 0 (both offsets read), ln 2 (one of the two), ln V (neither), V = vocabulary."""
@@ -91,15 +92,17 @@ def _values(values, name: str = "values") -> np.ndarray:
     return array
 
 
-def _t_interval(x: np.ndarray, alpha: float) -> tuple[float, float]:
-    """Student's t interval for the mean of ``x`` (n >= 2): mean -+ t_{1 - alpha/2, n-1} s / sqrt(n), from
-    ``scipy.stats.ttest_1samp``. All values equal: the interval is that value (zero width)."""
+def _t_test(x: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """Student's t test of "mean 0" for ``x`` (n >= 2) and its interval, mean -+ t_{1 - alpha/2, n-1} s / sqrt(n),
+    from one ``scipy.stats.ttest_1samp``: ``(low, high, p)``. All values equal: the interval is that value (zero
+    width) and p is 1 if it is 0, else 0."""
     from scipy import stats as scipy_stats
 
     if np.all(x == x[0]):
-        return float(x[0]), float(x[0])
-    ci = scipy_stats.ttest_1samp(x, 0.0).confidence_interval(1 - alpha)
-    return float(ci.low), float(ci.high)
+        return float(x[0]), float(x[0]), 1.0 if x[0] == 0 else 0.0
+    test = scipy_stats.ttest_1samp(x, 0.0)
+    ci = test.confidence_interval(1 - alpha)
+    return float(ci.low), float(ci.high), float(test.pvalue)
 
 
 def _alpha(confidence) -> float:
@@ -134,10 +137,7 @@ def paired_difference(a, b, confidence: float = 0.95) -> dict:
     alpha = _alpha(confidence)
     if d.size <= EXACT_MAX_PAIRS:
         return _sign_flip_exact(d, alpha)
-    from scipy import stats as scipy_stats
-
-    low, high = _t_interval(d, alpha)
-    p = 0.0 if low == high and low != 0 else 1.0 if low == high else float(scipy_stats.ttest_1samp(d, 0.0).pvalue)
+    low, high, p = _t_test(d, alpha)
     return dict(mean=float(d.mean()), low=low, high=high, n=int(d.size), p_value=p, real=bool(p <= alpha),
                 method="t")
 
@@ -174,12 +174,13 @@ def unpaired_difference(a, b, confidence: float = 0.95) -> dict:
     x, y = _values(a, "a"), _values(b, "b")
     alpha = _alpha(confidence)
     diff = float(x.mean() - y.mean())
-    if np.all(x == x[0]) and np.all(y == y[0]):  # no spread in either group: the difference is what it is
+    constant_x, constant_y = np.all(x == x[0]), np.all(y == y[0])
+    if constant_x and constant_y:  # no spread in either group: the difference is what it is
         low = high = diff
         p_welch = 1.0 if diff == 0 else 0.0
     else:
         with warnings.catch_warnings():
-            if np.all(x == x[0]) or np.all(y == y[0]):  # one group exactly constant: its variance 0 is exact, and
+            if constant_x or constant_y:  # one group exactly constant: its variance 0 is exact, and
                 # scipy's "precision loss ... nearly identical" warning about that group does not apply
                 warnings.filterwarnings("ignore", message="Precision loss occurred in moment calculation",
                                         category=RuntimeWarning)
@@ -246,8 +247,9 @@ def paired_table(table, by: str, reference, metric: str = "val_loss", pair_on: s
     mean of ``metric(level) - metric(reference)`` over the pairs, its interval and p-value from
     :func:`paired_difference`, and whether the difference is real (the test rejects; the interval excludes 0);
     ``p_holm`` and ``real_holm``: the p-values Holm-adjusted over the table's rows (:func:`holm_adjusted`; the rows
-    are a family of tests against one reference), and whether the adjusted test rejects. A DataFrame indexed by the levels other than
-    ``reference``; only pairs present at both levels count (``pairs`` says how many)."""
+    are a family of tests against one reference), and whether the adjusted test rejects (:func:`holm_verdict` reads
+    them). A DataFrame indexed by the levels other than ``reference``; only pairs present at both levels count
+    (``pairs`` says how many)."""
     import pandas as pd
 
     wide = table.pivot(index=pair_on, columns=by, values=metric)
@@ -292,7 +294,7 @@ def mean_interval(values, confidence: float = 0.95) -> dict:
             raise ValueError(f"values must be finite numbers, got {x}")
         return dict(mean=float(x[0]) if x.size else math.nan, low=math.nan, high=math.nan, n=int(x.size))
     x = _values(x)
-    low, high = _t_interval(x, alpha)
+    low, high, _ = _t_test(x, alpha)
     return dict(mean=float(x.mean()), low=low, high=high, n=int(x.size))
 
 
@@ -341,6 +343,23 @@ def verdict(result, above: str, below: str, neither: str = "not distinguishable 
     for name, word in (("above", above), ("below", below), ("neither", neither)):
         check_type(name, word, str, "a string (the word to print)")
     return above if low > 0 else below if high < 0 else neither
+
+
+def holm_verdict(row, above: str, below: str, neither: str = "not resolved") -> str:
+    """The word a row of :func:`paired_table` earns from its Holm-adjusted test: ``above`` when ``real_holm`` and the
+    difference is positive, ``below`` when ``real_holm`` and it is negative, ``neither`` otherwise. ValueError if the
+    row claims an adjusted rejection its raw test does not make (an adjusted p is never below the raw one)."""
+    try:
+        diff, real, real_holm = row["diff"], row["real"], row["real_holm"]
+    except (KeyError, TypeError, IndexError):
+        raise TypeError(f"row must be a row of paired_table (with 'diff', 'real' and 'real_holm'), got "
+                        f"{type(row).__name__}") from None
+    _check_real("row['diff']", diff)
+    for name, word in (("above", above), ("below", below), ("neither", neither)):
+        check_type(name, word, str, "a string (the word to print)")
+    if real_holm and not real:
+        raise ValueError(f"row has real_holm=True but real=False: an adjusted p cannot be below the raw p ({row!r})")
+    return (above if diff > 0 else below) if real_holm else neither
 
 
 def flip_distance(result):
@@ -500,7 +519,7 @@ def newcombe_interval(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.
     return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
 
-# ------------------------------------------------------------------------------- families of tests on the same seeds
+# ---------------------------------------------------------------------------------------- the exact sign-flip test
 def _sign_flip_exact(d: np.ndarray, alpha: float) -> dict:
     """The exact sign-flip test of the paired differences ``d`` and the interval that inverts it (2 <= n <= 14).
 
@@ -548,6 +567,7 @@ def _sign_flip_exact(d: np.ndarray, alpha: float) -> dict:
                 real=bool(p_observed <= alpha), method="exact sign-flip")
 
 
+# ------------------------------------------------------------------------------- families of tests on the same seeds
 def max_t_adjusted(diffs: dict, step_down: bool = False) -> dict:
     """Westfall-Young max-T adjusted p-values for a family of paired tests on the same seeds: single-step (the
     default) or step-down.

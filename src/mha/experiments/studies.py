@@ -270,7 +270,7 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
 
     warmup = config.train.warmup_steps
     grad_norms = probe.grad_norms
-    after_warmup = np.array(grad_norms[warmup:]) if len(grad_norms) > warmup else np.array(grad_norms)
+    after_warmup = _after_warmup(grad_norms, warmup)
     spikes = count_spikes(probe.step_losses, warmup, config.spike_window, config.spike_sigmas)
     final, init = history[-1], history[0]
     ablations, identified = [], {}
@@ -320,14 +320,20 @@ def run_dynamics(config: DynamicsRun, out_dir=None, artifacts_dir=None) -> dict:
                 artifacts=artifacts)
 
 
+def _after_warmup(per_step, warmup: int) -> np.ndarray:
+    """The steps after warmup of a per-step record (a list of numbers, or of one number per layer), as a float array;
+    all of them if the run stopped before warmup ended."""
+    values = np.array(per_step, dtype=float)
+    return values[warmup:] if len(values) > warmup else values
+
+
 def _qk_grad_summary(probe: DynamicsProbe, warmup: int) -> dict:
     """Per layer i: q_grad_norm_median_L{i}, q_grad_norm_max_L{i}, k_grad_norm_median_L{i}, k_grad_norm_max_L{i},
     the median and the largest gradient norm of W_Q and W_K (before clipping) over the steps after warmup (all steps
     if the run stopped before warmup ended), as median_grad_norm and max_grad_norm."""
     summary = {}
     for kind, norms in (("q", probe.q_grad_norms), ("k", probe.k_grad_norms)):
-        norms = np.array(norms, dtype=float)  # (steps, n_layers)
-        after_warmup = norms[warmup:] if len(norms) > warmup else norms
+        after_warmup = _after_warmup(norms, warmup)  # (steps, n_layers)
         for layer in range(after_warmup.shape[1]):
             summary[f"{kind}_grad_norm_median_L{layer}"] = float(np.median(after_warmup[:, layer]))
             summary[f"{kind}_grad_norm_max_L{layer}"] = float(after_warmup[:, layer].max())
