@@ -268,3 +268,44 @@ def test_bfloat16_precision_runs_the_forward_in_bfloat16():
     assert abs(half["val_loss"] - plain["val_loss"]) < 0.1
     with pytest.raises(ValueError, match="precision must be one of 'float32', 'bfloat16'"):
         TrainConfig(precision="float16")
+
+
+def first_patience_stop(history, patience):
+    """Where early stopping should stop, found from a full run's history: the first evaluation that is the
+    ``patience``-th in a row not to set a new lowest validation loss (None if there is none)."""
+    best, waited = math.inf, 0
+    for record in history:
+        if record["val_loss"] < best:
+            best, waited = record["val_loss"], 0
+        else:
+            waited += 1
+            if waited == patience:
+                return record["step"]
+    return None
+
+
+@pytest.mark.parametrize("patience", [1, 2])
+def test_early_stopping_stops_where_the_full_runs_history_says(patience):
+    # lr 3e-2 with little decay: the validation loss of this small run goes up and down, so that patience runs out
+    overrides = dict(steps=120, lr=3e-2, min_lr=3e-2, eval_interval=5)
+    *_, full = small_run(**overrides)
+    stop = first_patience_stop(full["history"], patience)
+    assert stop is not None and stop < 120, "the setting must make the run stop early for this test to test anything"
+    *_, early = small_run(patience=patience, **overrides)
+    assert early["steps_done"] == stop and early["stopped_early"]
+    assert early["history"] == full["history"][:len(early["history"])]  # the same run, cut where patience ran out
+    best = min(full["history"][:len(early["history"])], key=lambda r: r["val_loss"])
+    assert (early["best_val_loss"], early["best_step"]) == (best["val_loss"], best["step"])
+    assert "best_val_loss" not in full  # only runs with patience report it
+
+
+def test_patience_that_never_runs_out_trains_every_step():
+    *_, result = small_run(steps=20, patience=1000)
+    assert result["steps_done"] == 20 and not result["stopped_early"]
+
+
+def test_patience_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="patience"):
+        TrainConfig(patience=0)
+    with pytest.raises(TypeError, match="patience"):
+        TrainConfig(patience=2.5)

@@ -239,6 +239,9 @@ class TrainConfig(_Checked):
     seed: int = bounded(0, minimum=0)  # seeds torch, numpy and random (model init) and the run's task
     device: str = "auto"  # "auto" (CUDA when present, else CPU), "cpu", "cuda", "cuda:1", ...
     precision: str = "float32"  # "float32", or "bfloat16": forward passes under torch.autocast (nanoGPT's GPU recipe)
+    # early stopping: stop once this many evaluations in a row have not lowered the best validation loss so far (the
+    # run then reports best_val_loss and best_step too); None: run every step
+    patience: int | None = since(None)
 
     def _check_values(self, owner: str) -> None:
         if self.warmup_steps > self.steps:

@@ -12,7 +12,9 @@ defaults and checks, beside the run's other settings in :mod:`mha.experiments.co
 
 Hooks (:class:`Hook`) see every step's loss and gradient norm (the norm before clipping), add what they measure to
 each evaluation's record, may ask for an evaluation at step 0 (the initialisation) and may stop the run (a loss
-that is no longer finite). A run with no hooks computes exactly what it computed before hooks existed.
+that is no longer finite). A run with no hooks computes exactly what it computed before hooks existed. Early stopping
+(``TrainConfig.patience``) stops a run whose validation loss has stopped improving: the part III runs trained to
+convergence.
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
             val_acc, and whatever the hooks add} at every evaluation (every eval_interval steps, after the last
             step, and at step 0 when a hook asks for it);
         val_loss, val_acc (None when the task has no accuracy), train_loss: the final evaluation's values;
-        steps_done: optimizer steps taken (fewer than ``steps`` if a hook stopped the run);
+        steps_done: optimizer steps taken (fewer than ``steps`` if a hook or early stopping stopped the run);
+        with ``train_config.patience`` only: best_val_loss and best_step (the lowest validation loss of the periodic
+            evaluations, and its step) and stopped_early (True when patience ran out before ``steps``);
         tokens_per_s: training tokens (steps_done x batch_size x block_size) per second of training-step time
             (evaluations excluded); wall_s: the whole call, model construction and evaluations included;
         params: ``model.num_params()``; n_kv_heads, head_dim: the values the model resolved (None in the config
@@ -173,6 +177,7 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
     if any(hook.eval_at_start for hook in hooks):
         evaluation(0, 0.0, None)
     interval_losses, train_s, steps_done = [], 0.0, 0
+    best_val_loss, best_step, waited = math.inf, 0, 0  # early stopping: the best so far, evaluations since it
     model.train()
     bar = tqdm(range(cfg.steps), desc="train", disable=not progress, leave=False)
     for step in bar:
@@ -198,6 +203,11 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
         if steps_done % cfg.eval_interval == 0 or steps_done == cfg.steps or stop:
             record = evaluation(steps_done, lr, torch.stack(interval_losses).mean().item())
             interval_losses = []
+            if record["val_loss"] < best_val_loss:
+                best_val_loss, best_step, waited = record["val_loss"], steps_done, 0
+            else:
+                waited += 1
+            stop = stop or (cfg.patience is not None and waited >= cfg.patience)
             bar.set_postfix(train_loss=f"{record['train_loss']:.3f}", val_loss=f"{record['val_loss']:.3f}")
         if stop:
             break
@@ -213,6 +223,8 @@ def train(model_config: TransformerConfig, task: Task, train_config: TrainConfig
         kv_cache_bytes=model.kv_cache_bytes(1, model_config.block_size, dtype_bytes=4),
         device=machine["device"], device_name=machine["device_name"], torch_version=machine["torch_version"],
         model_config=asdict(model_config), train_config=asdict(cfg), task=task.config())
+    if cfg.patience is not None:
+        result.update(best_val_loss=best_val_loss, best_step=best_step, stopped_early=steps_done < cfg.steps)
     result.model = model
     if metrics_path is not None:
         save_json(result, metrics_path)
