@@ -35,6 +35,9 @@ def test_run_train_writes_its_metrics_and_records_the_machine(tmp_path):
     # the same training as the trainer alone
     plain = train(config.model_config(run["task"]), config.make_task(), config.train, progress=False)
     assert plain["val_loss"] == metrics["val_loss"] and plain["history"] == metrics["history"]
+    kept = json.loads((tmp_path / "artifacts" / "abc" / "history.json").read_text())  # the history, rounded
+    assert [r["step"] for r in kept] == [3, 6]
+    assert [r["val_loss"] for r in kept] == pytest.approx([r["val_loss"] for r in plain["history"]], rel=1e-3)
     assert run_study("train", {"steps": 6, "eval_interval": 3, "warmup_steps": 1})["val_loss"] == metrics["val_loss"]
 
 

@@ -68,11 +68,12 @@ def _record_machine(metrics: dict, config: RunConfig, device: torch.device) -> d
 
 # --------------------------------------------------------------------------------------------------- train
 def run_train(config: TrainRun, out_dir=None, artifacts_dir=None) -> dict:
-    """One training run; with ``measure_decode``, the seconds per token of KV-cache decoding afterwards.
+    """One training run; with ``measure_decode``, the seconds per token of KV-cache decoding afterwards. The
+    validation history (every evaluation) is kept as the artifact ``history.json``.
 
     Book: part III, "Head count" and "MHA, GQA and MQA in training". Returns {"metrics", "model", "task"}.
     """
-    out_dir, _ = _prepare(config, TrainRun, out_dir, artifacts_dir)
+    out_dir, artifacts_path = _prepare(config, TrainRun, out_dir, artifacts_dir)
     task = config.make_task()
     model_config = config.model_config(task)
     result = train(model_config, task, config.train, progress=config.progress)
@@ -95,7 +96,7 @@ def run_train(config: TrainRun, out_dir=None, artifacts_dir=None) -> dict:
         metrics["decode_kv_cache_bytes"] = decode_model.kv_cache_bytes(config.decode_batch_size, decode_len,
                                                                        dtype_bytes=4)
     _record_machine(metrics, config, model.lm_head.weight.device)
-    _finish(metrics, out_dir, {}, None)
+    _finish(metrics, out_dir, {"history": rounded(result["history"])}, artifacts_path)
     return dict(metrics=metrics, model=model, task=task)
 
 
