@@ -145,6 +145,17 @@ def test_no_page_shows_warnings_or_stray_output(build):
     assert not problems, "\n".join(problems)
 
 
+_NUMPY_REPR = re.compile(r"np\.(?:int64|float64)\(")
+
+
+def test_no_page_shows_a_numpy_scalar_repr(build):
+    """A NumPy scalar glued into the prose shows its repr, "np.int64(8) of 8", where the reader should see "8 of 8":
+    no built page (either edition) contains "np.int64(" or "np.float64(". Glue Python ints and floats."""
+    problems = [f"{page.relative_to(HTML)}: {match.group(0)}..." for page in _pages()
+                for match in _NUMPY_REPR.finditer(page.read_text(encoding="utf-8", errors="replace"))]
+    assert not problems, "\n".join(problems)
+
+
 def _pages():
     skip = {"genindex.html", "search.html"}
     return sorted(p for p in HTML.rglob("*.html") if "_static" not in p.parts and p.name not in skip)

@@ -102,7 +102,11 @@ def test_one_definition_and_one_default_per_setting():
     assert [k for k, where in layout.items() if where == "model"] == model_names
     assert [k for k, where in layout.items() if where == "train"] == train_names
     assert list(layout)[:2] == ["task", "task_kwargs"] and list(layout)[2:2 + len(model_names)] == model_names
-    assert list(TrainRun().to_dict()) == list(layout)
+    # to_dict leaves out a setting added later (config.since) while it has the value earlier runs had without it
+    added_later = {f.name for part in (ModelConfig, TrainConfig) for f in fields(part) if "unrecorded" in f.metadata}
+    assert added_later == {"patience"}
+    assert list(TrainRun().to_dict()) == [k for k in layout if k not in added_later]
+    assert list(TrainRun.from_dict({"patience": 3}).to_dict()) == list(layout)
     assert train_module.TrainConfig is TrainConfig and issubclass(model_module.TransformerConfig, ModelConfig)
     assert [f.name for f in fields(model_module.TransformerConfig)] == model_names + ["vocab_size", "block_size"]
     assert TrainRun().model == ModelConfig() and TrainRun().train == TrainConfig()
