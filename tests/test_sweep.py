@@ -262,6 +262,19 @@ def test_one_command_and_one_check_per_sweep(tmp_path):
     assert load_sweep(changed).runs()[0].study_config.lr == 2e-3  # an edited file is read again
 
 
+def test_the_rerun_command_finds_every_committed_run_to_do(capsys):
+    """The pages' "Regenerate" line: the plain command finds a committed sweep done and runs nothing; the rerun
+    command writes into a fresh folder, where every run is still to do."""
+    from mha.experiments.results import load
+
+    results = load("head-count", REPO)
+    assert results.rerun_command == results.command + " --out /tmp/head-count-rerun"
+    n = len(results.run_ids)
+    for out, todo in ((results.folder, 0), (Path("/tmp/head-count-rerun-never-made"), n)):
+        sweep.main([str(results.sweep_file), "--out", str(out), "--dry-run"])
+        assert f"{todo} of {n} runs to do" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------ --set (command line)
 SMOKE = REPO / "experiments" / "smoke.yaml"
 

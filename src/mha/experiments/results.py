@@ -261,6 +261,12 @@ class SweepResults:
         return command(self.sweep_file, self.sweep.jobs, root=self.root)
 
     @property
+    def rerun_command(self) -> str:
+        """The command that runs this sweep again into a fresh folder, ``/tmp/<name>-rerun``, to compare with the
+        committed results: the plain :attr:`command` finds every committed run done and runs nothing."""
+        return f"{self.command} --out /tmp/{self.name}-rerun"
+
+    @property
     def csv_path(self) -> Path:
         return self.folder / "results.csv"
 
