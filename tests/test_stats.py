@@ -456,6 +456,60 @@ def test_best_rate_comparison_chooses_on_one_block_and_compares_on_the_other():
     assert result["pairs"][("A", "B")]["p_holm"] == pytest.approx(min(1.0, expected))  # one pair: Holm changes nothing
 
 
+def test_best_rate_paired_chooses_on_one_block_and_compares_pairs_on_the_other():
+    """The plan of head-count-shakespeare-lr.yaml on a constructed table: the best rate is the lowest mean loss on
+    the choosing seeds only; at the best rates, on the other seeds, each pair is the exact sign-flip test of the
+    per-seed differences, here counted by hand (all 2^n sign patterns), and Holm over three pairs by hand."""
+    import pandas as pd
+
+    from mha.experiments.stats import best_rate_paired
+
+    choose_seeds, compare_seeds = range(3), range(3, 9)
+    rng = np.random.default_rng(1)
+    held = {"A": 1.0 + 0.01 * rng.standard_normal(6), "B": 1.0 + 0.01 * rng.standard_normal(6)}
+    held["C"] = held["A"] + 0.05  # C is worse than A by 0.05 on every compared seed
+    rows = []
+    for level, best, other in (("A", 0.1, 0.3), ("B", 0.3, 0.1), ("C", 0.1, 0.3)):
+        for seed in choose_seeds:
+            rows += [dict(n_heads=level, lr=best, seed=seed, val_loss=1.0),
+                     dict(n_heads=level, lr=other, seed=seed, val_loss=1.2)]
+        for i, seed in enumerate(compare_seeds):  # only the best rate runs on the compared seeds, and a decoy:
+            rows.append(dict(n_heads=level, lr=best, seed=seed, val_loss=float(held[level][i])))
+            rows.append(dict(n_heads=level, lr=other, seed=seed, val_loss=0.0))  # lower, but not the chosen rate
+    result = best_rate_paired(pd.DataFrame(rows), choose_seeds, compare_seeds)
+    assert result["best_rate"] == {"A": 0.1, "B": 0.3, "C": 0.1}
+    assert list(result["wide"].index) == list(compare_seeds) and (result["wide"]["C"] == held["C"]).all()
+
+    def sign_flip_p(d):  # two-sided: patterns whose |mean| reaches the observed one, out of 2^n
+        observed = abs(d.mean())
+        means = [abs((d * signs).mean()) for signs in itertools.product([-1, 1], repeat=len(d))]
+        return sum(m >= observed - 1e-12 for m in means) / len(means)
+
+    raw = {(a, b): sign_flip_p(held[a] - held[b]) for a, b in itertools.combinations("ABC", 2)}
+    order = sorted(raw, key=raw.get)
+    holm, running = {}, 0.0
+    for i, pair in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * raw[pair]))
+        holm[pair] = running
+    for pair, r in result["pairs"].items():
+        assert r["p_value"] == pytest.approx(raw[pair]) and r["p_holm"] == pytest.approx(holm[pair])
+        assert r["mean"] == pytest.approx((held[pair[0]] - held[pair[1]]).mean())
+    assert result["pairs"][("A", "C")]["p_value"] == pytest.approx(2 / 2 ** 6)  # every seed one way
+
+
+def test_best_rate_paired_needs_every_compared_run_at_the_best_rate():
+    import pandas as pd
+
+    from mha.experiments.stats import best_rate_paired
+
+    runs = pd.DataFrame([dict(n_heads=1, lr=0.1, seed=0, val_loss=1.0), dict(n_heads=1, lr=0.1, seed=1, val_loss=1.0),
+                         dict(n_heads=2, lr=0.1, seed=0, val_loss=1.0)])
+    with pytest.raises(ValueError, match=r"\(2, 1\)"):
+        best_rate_paired(runs, [0], [1])
+    with pytest.raises(ValueError, match="disjoint"):
+        best_rate_paired(runs, [0, 1], [1])
+
+
 def test_best_rate_comparison_rejects_overlapping_seed_blocks():
     import pandas as pd
 

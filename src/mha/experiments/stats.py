@@ -59,6 +59,7 @@ __all__ = ["wilson_interval", "paired_difference", "EXACT_MAX_PAIRS", "unpaired_
            "OUTCOMES", "outcome_of", "outcome_table", "paired_table",
            "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
            "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison",
+           "best_rate_paired",
            "newcombe_interval", "max_t_adjusted", "holm_adjusted", "holm_verdict"]
 
 OUTCOMES = ("solved", "partial", "chance")
@@ -505,6 +506,42 @@ def best_rate_comparison(runs, select_seeds, compare_seeds, by: str = "n_heads",
     adjusted = holm_adjusted(list(raw.values())) if raw else []
     pairs = {pair: dict(p=p, p_holm=float(q)) for (pair, p), q in zip(raw.items(), adjusted)}
     return dict(best_rate=best, fraction=fraction, pairs=pairs)
+
+
+def best_rate_paired(runs, select_seeds, compare_seeds, by: str = "n_heads", rate: str = "lr",
+                     loss: str = "val_loss", confidence: float = 0.95) -> dict:
+    """:func:`best_rate_comparison` for a task without plateaus: each level of ``by`` at its own best ``rate``, the
+    one with the lowest mean ``loss`` over the seeds in ``select_seeds`` (ties: the lower rate), and every pair of
+    levels compared at their best rates on ``compare_seeds``, which chose nothing, paired by seed
+    (:func:`paired_difference`: the exact sign-flip test up to :data:`EXACT_MAX_PAIRS` pairs), Holm-adjusted over the
+    pairs. The plan of ``experiments/head_count/head-count-shakespeare-lr.yaml``.
+
+    Returns ``dict(best_rate={level: rate}, choose=DataFrame (levels x rates: the mean loss on select_seeds),
+    wide=DataFrame (compare_seeds x levels: the loss at the level's best rate), pairs={(a, b): paired_difference of
+    a minus b, with p_holm and real_holm})``. Every level needs a run at its best rate for every compared seed
+    (ValueError naming the missing ones otherwise). Book: part III, "Head count".
+    """
+    columns = {by, rate, "seed", loss}
+    missing = sorted(columns - set(getattr(runs, "columns", ())))
+    if missing:
+        raise ValueError(f"runs must be a results table with columns {sorted(columns)}, missing {missing}")
+    select, compare = set(select_seeds), set(compare_seeds)
+    if not select or not compare or select & compare:
+        raise ValueError(f"select_seeds and compare_seeds must be two non-empty, disjoint sets of seeds, got "
+                         f"{sorted(select)} and {sorted(compare)}")
+    choose = runs[runs["seed"].isin(select)].groupby([by, rate])[loss].mean().unstack()  # (levels, rates)
+    best = {level: float(row.dropna().sort_index().idxmin()) for level, row in choose.iterrows()}
+    held_out = runs[runs["seed"].isin(compare)]
+    held_out = held_out[held_out[rate] == held_out[by].map(best)]
+    wide = held_out.pivot(index="seed", columns=by, values=loss).reindex(index=sorted(compare), columns=sorted(best))
+    if wide.isna().any().any():
+        gaps = [(level, seed) for level in wide.columns for seed in wide.index[wide[level].isna()]]
+        raise ValueError(f"runs lacks the run at the best rate of ({by}, seed) = {gaps[:5]}"
+                         f"{' ...' if len(gaps) > 5 else ''}")
+    pairs = {(a, b): paired_difference(wide[a], wide[b], confidence) for a, b in itertools.combinations(wide.columns, 2)}
+    for pair, q in zip(pairs, holm_adjusted([r["p_value"] for r in pairs.values()])):
+        pairs[pair].update(p_holm=float(q), real_holm=bool(q <= 1 - confidence))
+    return dict(best_rate=best, choose=choose, wide=wide, pairs=pairs)
 
 
 def newcombe_interval(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.95) -> tuple[float, float, float]:
