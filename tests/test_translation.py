@@ -57,3 +57,26 @@ def test_only_glued_text_with_words_needs_a_translation():
     assert i18n.has_words("$d_k$ grows", markdown=True)
     assert not i18n.has_words("$d_k = 16$, `n_heads`", markdown=True)  # math and code are pasted as they are
     assert i18n.has_words("$d_k = 16$, `n_heads`")  # as plain text, the letters count
+
+
+def test_catalogs_follow_the_term_sheet():
+    # book/locales/zh_CN/terms.yaml: one Chinese name per concept; a retired variant in a translated msgstr fails,
+    # once the sheet's allowed words (legitimate words that contain a variant) are cut out of it
+    yaml = pytest.importorskip("yaml")
+    from babel.messages.pofile import read_po
+
+    sheet = yaml.safe_load((i18n.LOCALES / i18n.LANGUAGE / "terms.yaml").read_text(encoding="utf-8"))["terms"]
+    found = []
+    for path in sorted(i18n.CATALOGS.rglob("*.po")):
+        with open(path, "rb") as f:
+            catalog = read_po(f)
+        for message in catalog:
+            if not (message.id and isinstance(message.string, str) and message.string) or message.fuzzy:
+                continue
+            for term in sheet:
+                text = message.string
+                for allowed in term.get("allowed") or []:
+                    text = text.replace(allowed, "")
+                found += [f"{path.relative_to(ROOT)}: {str(message.id)[:60]!r}: {variant!r} (use {term['zh']!r})"
+                          for variant in term["retired"] if variant in text]
+    assert not found, "retired variants of the term sheet:\n" + "\n".join(found)
