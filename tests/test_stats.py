@@ -508,6 +508,9 @@ def test_best_rate_paired_needs_every_compared_run_at_the_best_rate():
         best_rate_paired(runs, [0], [1])
     with pytest.raises(ValueError, match="disjoint"):
         best_rate_paired(runs, [0, 1], [1])
+    partial = pd.DataFrame([dict(n_heads=1, lr=lr, seed=s, val_loss=1.0) for lr in (0.1, 0.2) for s in (0, 1)][:-1])
+    with pytest.raises(ValueError, match="every choosing seed"):  # (1, 0.2) has seed 0 only
+        best_rate_paired(partial, [0, 1], [2])
 
 
 def test_best_rate_comparison_rejects_overlapping_seed_blocks():

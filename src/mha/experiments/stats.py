@@ -518,8 +518,8 @@ def best_rate_paired(runs, select_seeds, compare_seeds, by: str = "n_heads", rat
 
     Returns ``dict(best_rate={level: rate}, choose=DataFrame (levels x rates: the mean loss on select_seeds),
     wide=DataFrame (compare_seeds x levels: the loss at the level's best rate), pairs={(a, b): paired_difference of
-    a minus b, with p_holm and real_holm})``. Every level needs a run at its best rate for every compared seed
-    (ValueError naming the missing ones otherwise). Book: part III, "Head count".
+    a minus b, with p_holm and real_holm})``. Every (level, rate) needs a run for every choosing seed, and every level
+    a run at its best rate for every compared seed (ValueError naming the missing ones otherwise). Book: part III, "Head count".
     """
     columns = {by, rate, "seed", loss}
     missing = sorted(columns - set(getattr(runs, "columns", ())))
@@ -529,7 +529,15 @@ def best_rate_paired(runs, select_seeds, compare_seeds, by: str = "n_heads", rat
     if not select or not compare or select & compare:
         raise ValueError(f"select_seeds and compare_seeds must be two non-empty, disjoint sets of seeds, got "
                          f"{sorted(select)} and {sorted(compare)}")
-    choose = runs[runs["seed"].isin(select)].groupby([by, rate])[loss].mean().unstack()  # (levels, rates)
+    chosen = runs[runs["seed"].isin(select)]
+    counts = chosen.groupby([by, rate])["seed"].nunique()
+    if (counts != len(select)).any():
+        short = [cell for cell, n in counts.items() if n != len(select)]
+        raise ValueError(f"runs must hold every choosing seed at every ({by}, {rate}) it has, got fewer at "
+                         f"{short[:5]}{' ...' if len(short) > 5 else ''} (of {len(select)} seeds)")
+    choose = chosen.groupby([by, rate])[loss].mean().unstack()  # (levels, rates)
+    if choose.isna().any().any():
+        raise ValueError(f"runs must hold every {rate} for every {by} on the choosing seeds, got gaps in\n{choose}")
     best = {level: float(row.dropna().sort_index().idxmin()) for level, row in choose.iterrows()}
     held_out = runs[runs["seed"].isin(compare)]
     held_out = held_out[held_out[rate] == held_out[by].map(best)]
