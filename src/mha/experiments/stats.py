@@ -464,6 +464,20 @@ def against_range(result, lower: float, upper: float) -> str:
     return "overlapping"
 
 
+def _seed_blocks(runs, columns: set, select_seeds, compare_seeds):
+    """The arguments of the best-rate plans, checked: ``runs`` has ``columns``, and the two blocks of seeds are
+    non-empty and disjoint. Returns (the runs of the choosing seeds, the runs of the compared seeds, the choosing
+    seeds as a set)."""
+    missing = sorted(columns - set(getattr(runs, "columns", ())))
+    if missing:
+        raise ValueError(f"runs must be a results table with columns {sorted(columns)}, missing {missing}")
+    select, compare = set(select_seeds), set(compare_seeds)
+    if not select or not compare or select & compare:
+        raise ValueError(f"select_seeds and compare_seeds must be two non-empty, disjoint sets of seeds, got "
+                         f"{sorted(select)} and {sorted(compare)}")
+    return runs[runs["seed"].isin(select)], runs[runs["seed"].isin(compare)], select
+
+
 def best_rate_comparison(runs, select_seeds, compare_seeds, by: str = "n_heads", rate: str = "lr",
                          solved: str = "solved", loss: str = "val_loss", confidence: float = 0.95) -> dict:
     """Each level of ``by`` at its own best ``rate``, chosen on one block of seeds and compared on another.
@@ -480,16 +494,7 @@ def best_rate_comparison(runs, select_seeds, compare_seeds, by: str = "n_heads",
     """
     from scipy import stats as scipy_stats
 
-    columns = {by, rate, "seed", solved, loss}
-    missing = sorted(columns - set(getattr(runs, "columns", ())))
-    if missing:
-        raise ValueError(f"runs must be a results table with columns {sorted(columns)}, missing {missing}")
-    select, compare = set(select_seeds), set(compare_seeds)
-    if not select or not compare or select & compare:
-        raise ValueError(f"select_seeds and compare_seeds must be two non-empty, disjoint sets of seeds, got "
-                         f"{sorted(select)} and {sorted(compare)}")
-    chosen = runs[runs["seed"].isin(select)]
-    held_out = runs[runs["seed"].isin(compare)]
+    chosen, held_out, _ = _seed_blocks(runs, {by, rate, "seed", solved, loss}, select_seeds, compare_seeds)
     best, fraction = {}, {}
     for level, group in chosen.groupby(by):
         by_rate = group.groupby(rate).agg(k=(solved, "sum"), median=(loss, "median")).reset_index()
@@ -519,17 +524,10 @@ def best_rate_paired(runs, select_seeds, compare_seeds, by: str = "n_heads", rat
     Returns ``dict(best_rate={level: rate}, choose=DataFrame (levels x rates: the mean loss on select_seeds),
     wide=DataFrame (compare_seeds x levels: the loss at the level's best rate), pairs={(a, b): paired_difference of
     a minus b, with p_holm and real_holm})``. Every (level, rate) needs a run for every choosing seed, and every level
-    a run at its best rate for every compared seed (ValueError naming the missing ones otherwise). Book: part III, "Head count".
+    a run at its best rate for every compared seed (ValueError naming the missing ones otherwise).
+    Book: part III, "Head count".
     """
-    columns = {by, rate, "seed", loss}
-    missing = sorted(columns - set(getattr(runs, "columns", ())))
-    if missing:
-        raise ValueError(f"runs must be a results table with columns {sorted(columns)}, missing {missing}")
-    select, compare = set(select_seeds), set(compare_seeds)
-    if not select or not compare or select & compare:
-        raise ValueError(f"select_seeds and compare_seeds must be two non-empty, disjoint sets of seeds, got "
-                         f"{sorted(select)} and {sorted(compare)}")
-    chosen = runs[runs["seed"].isin(select)]
+    chosen, held_out, select = _seed_blocks(runs, {by, rate, "seed", loss}, select_seeds, compare_seeds)
     counts = chosen.groupby([by, rate])["seed"].nunique()
     if (counts != len(select)).any():
         short = [cell for cell, n in counts.items() if n != len(select)]
@@ -539,14 +537,15 @@ def best_rate_paired(runs, select_seeds, compare_seeds, by: str = "n_heads", rat
     if choose.isna().any().any():
         raise ValueError(f"runs must hold every {rate} for every {by} on the choosing seeds, got gaps in\n{choose}")
     best = {level: float(row.dropna().sort_index().idxmin()) for level, row in choose.iterrows()}
-    held_out = runs[runs["seed"].isin(compare)]
     held_out = held_out[held_out[rate] == held_out[by].map(best)]
-    wide = held_out.pivot(index="seed", columns=by, values=loss).reindex(index=sorted(compare), columns=sorted(best))
+    wide = held_out.pivot(index="seed", columns=by, values=loss).reindex(index=sorted(set(compare_seeds)),
+                                                                         columns=sorted(best))
     if wide.isna().any().any():
         gaps = [(level, seed) for level in wide.columns for seed in wide.index[wide[level].isna()]]
         raise ValueError(f"runs lacks the run at the best rate of ({by}, seed) = {gaps[:5]}"
                          f"{' ...' if len(gaps) > 5 else ''}")
-    pairs = {(a, b): paired_difference(wide[a], wide[b], confidence) for a, b in itertools.combinations(wide.columns, 2)}
+    pairs = {(a, b): paired_difference(wide[a], wide[b], confidence)
+             for a, b in itertools.combinations(wide.columns, 2)}
     for pair, q in zip(pairs, holm_adjusted([r["p_value"] for r in pairs.values()])):
         pairs[pair].update(p_holm=float(q), real_holm=bool(q <= 1 - confidence))
     return dict(best_rate=best, choose=choose, wide=wide, pairs=pairs)
