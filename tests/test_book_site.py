@@ -406,6 +406,24 @@ def test_chinese_pages_exist_declare_their_language_and_link_to_their_twins(buil
     assert not problems, "\n".join(problems)
 
 
+# The interface words the themes would show in English, or in Taiwanese usage, on the Chinese edition: the theme's
+# print button, the search box's placeholder and sphinx-togglebutton's hints (set by tools/i18n.py build and
+# book/_ext/language_switch.py).
+THEME_WORDS_EN = ("Search this book", "Click to show", "Click to hide", "Print to PDF", "列印")
+
+
+@pytest.mark.book
+def test_chinese_pages_show_the_themes_interface_words_in_chinese(build):
+    problems = []
+    for _, chinese in _twins():
+        if chinese.exists():
+            html = chinese.read_text(encoding="utf-8")
+            found = [word for word in THEME_WORDS_EN if word in html]
+            if found:
+                problems.append(f"zh/{chinese.relative_to(HTML / 'zh').as_posix()}: {found}")
+    assert not problems, "interface words not in Chinese:\n" + "\n".join(problems[:10])
+
+
 @pytest.mark.book
 def test_numbers_on_each_chinese_page_equal_its_english_twin(build):
     """Every glued number and every cell output: the same on both editions (in any order within the page)."""

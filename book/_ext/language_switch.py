@@ -4,12 +4,19 @@ The English build writes ``_build/html/<page>.html``; the Chinese build (``langu
 ``_build/html/zh/<page>.html``. Each page gets, above its content, a small bar with a link to its twin, as a relative
 URL, so the site works from any static host and from ``file://``. The Chinese pages declare ``lang="zh-CN"``
 (Sphinx sets it from ``language``).
+
+The themes' own Chinese for a few interface strings is Taiwanese usage ("列印成 PDF"); :data:`THEME_ZH` gives the
+Chinese edition the mainland usage d2l-zh uses, ahead of the theme's catalog (the rest of the theme's strings keep
+its translations). The search box's placeholder and the toggle hints are configuration values, set by
+``tools/i18n.py build``.
 """
 
 from __future__ import annotations
 
+import gettext
 from html import escape
 
+from sphinx import locale
 from sphinx.application import Sphinx
 
 CHINESE = "zh_CN"
@@ -39,6 +46,34 @@ def _add_switch(app: Sphinx, pagename, templatename, context, doctree) -> None:
     context["body"] = link + context["body"]
 
 
+THEME_ZH = {"booktheme": {"Print to PDF": "打印为 PDF"}}
+"""The Chinese edition's own words for theme strings: {message catalog: {English: Chinese}}."""
+
+
+class _Overrides(gettext.NullTranslations):
+    """A few messages of a catalog replaced; every other one goes to the catalog it wraps."""
+
+    def __init__(self, table: dict, wrapped: gettext.NullTranslations | None):
+        super().__init__()
+        self._table = table
+        if wrapped is not None:
+            self.add_fallback(wrapped)
+
+    def gettext(self, message: str) -> str:
+        if message in self._table:
+            return self._table[message]
+        return self._fallback.gettext(message) if self._fallback else message
+
+
+def _override_theme_words(app: Sphinx) -> None:
+    if not _is_chinese(app):
+        return
+    for catalog, table in THEME_ZH.items():  # after the themes registered their catalogs (builder-inited)
+        key = ("general", catalog)
+        locale.translators[key] = _Overrides(table, locale.translators.get(key))
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("html-page-context", _add_switch)
+    app.connect("builder-inited", _override_theme_words)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
