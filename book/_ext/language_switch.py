@@ -60,9 +60,7 @@ class _Overrides(gettext.NullTranslations):
             self.add_fallback(wrapped)
 
     def gettext(self, message: str) -> str:
-        if message in self._table:
-            return self._table[message]
-        return self._fallback.gettext(message) if self._fallback else message
+        return self._table[message] if message in self._table else super().gettext(message)
 
 
 def _override_theme_words(app: Sphinx) -> None:

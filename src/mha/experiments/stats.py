@@ -536,7 +536,7 @@ def best_rate_paired(runs, select_seeds, compare_seeds, by: str = "n_heads", rat
     choose = chosen.groupby([by, rate])[loss].mean().unstack()  # (levels, rates)
     if choose.isna().any().any():
         raise ValueError(f"runs must hold every {rate} for every {by} on the choosing seeds, got gaps in\n{choose}")
-    best = {level: float(row.dropna().sort_index().idxmin()) for level, row in choose.iterrows()}
+    best = {level: float(row.sort_index().idxmin()) for level, row in choose.iterrows()}  # ties: the lower rate
     held_out = held_out[held_out[rate] == held_out[by].map(best)]
     wide = held_out.pivot(index="seed", columns=by, values=loss).reindex(index=sorted(set(compare_seeds)),
                                                                          columns=sorted(best))
