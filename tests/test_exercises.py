@@ -463,7 +463,8 @@ def test_import_is_cheap_and_numpy_checks_do_not_import_torch():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The book: every part I and part II chapter ends with a write-it-yourself block whose solution passes its checker.
+# The book: every part I, II and IV chapter ends with a write-it-yourself block whose solution passes its checker,
+# or points to the chapter whose block it would repeat.
 # ---------------------------------------------------------------------------------------------------------------
 
 CHAPTERS = sorted((ROOT / "book").glob("part[12]/*.md")) + [  # and part IV's chapters once they are written
@@ -472,7 +473,22 @@ BLOCK = re.compile(
     r"^% write-it-yourself: (?P<checkers>[\w, ]+)\n(?P<body>.*?)^% end write-it-yourself\n", re.M | re.S)
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=[f"{p.parent.name}/{p.stem}" for p in CHAPTERS])
+# Chapters whose write-it-yourself exercise would repeat another's: "write multi-head attention" is kept where it
+# teaches most (worked_example, after the numbers by hand; layer_in_code, in torch with GQA); these point there.
+POINTS_TO_ANOTHER = {"part1/intuition": "{doc}`worked_example`"}
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if f"{c.parent.name}/{c.stem}" in POINTS_TO_ANOTHER],
+                         ids=lambda c: f"{c.parent.name}/{c.stem}")
+def test_a_chapter_without_its_own_block_points_to_the_exercise(chapter):
+    text = chapter.read_text(encoding="utf-8")
+    assert not BLOCK.search(text), "listed in POINTS_TO_ANOTHER but has a write-it-yourself block: drop it from there"
+    exercises = text[text.index("## Exercises"):]
+    assert POINTS_TO_ANOTHER[f"{chapter.parent.name}/{chapter.stem}"] in exercises
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if f"{c.parent.name}/{c.stem}" not in POINTS_TO_ANOTHER],
+                         ids=lambda c: f"{c.parent.name}/{c.stem}")
 def test_chapter_ends_with_a_write_it_yourself_block_whose_solution_passes(chapter):
     text = chapter.read_text(encoding="utf-8")
     blocks = list(BLOCK.finditer(text))

@@ -253,7 +253,8 @@ def build() -> None:
     _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", "-D", f"language={LANGUAGE}", "-D",
             f"locale_dirs={staged}", "-D", f"html_title={title}", "-D", "nb_code_prompt_show=显示代码单元",
             "-D", "nb_code_prompt_hide=隐藏代码单元", "-D", "html_theme_options.search_bar_text=搜索本书……",
-            "-D", "togglebutton_hint=点击显示", "-D", "togglebutton_hint_hide=点击隐藏", warnings_as_errors=True)
+            "-D", "togglebutton_hint=点击显示", "-D", "togglebutton_hint_hide=点击隐藏",
+            "-D", "math_eqref_format=式 ({number})", warnings_as_errors=True)  # {eq} references: 式 (25), not Eq. 25
 
 
 def problems() -> list[str]:
