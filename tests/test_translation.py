@@ -80,3 +80,11 @@ def test_catalogs_follow_the_term_sheet():
                 found += [f"{path.relative_to(ROOT)}: {str(message.id)[:60]!r}: {variant!r} (use {term['zh']!r})"
                           for variant in term["retired"] if variant in text]
     assert not found, "retired variants of the term sheet:\n" + "\n".join(found)
+
+
+def test_a_quoted_notes_english_rendering_may_be_left_out_but_nothing_else():
+    english = '「呈二次增长（$O(L^2 d)$）」 — "grows quadratically with $L$ ($O(L^2 d)$)" (note 004, `d` the head size)'
+    assert i18n.preserved(english, "「呈二次增长（$O(L^2 d)$）」（笔记 004，`d` 为头维度）") == []  # rendering dropped
+    assert i18n.preserved(english, "「呈二次增长（$O(L^2 d)$）」（笔记 004）")  # but the code after it is kept
+    assert i18n.preserved(english, "「呈二次增长」（笔记 004，`d` 为头维度）")  # and the quote's own math
+    assert i18n.preserved('— "Decoding memory: $1/h$"', "——解码显存")  # a rendering alone is no quote: its math stays

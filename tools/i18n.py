@@ -318,8 +318,23 @@ def _role_keys(text: str) -> list[str]:
     return sorted(keys)
 
 
+# A quoted Chinese note followed by its English rendering: 「…」 — "…". The Chinese edition may leave the rendering out
+# (a Chinese reader needs no English gloss of a Chinese note), so its math and code need not reappear.
+NOTE_GLOSS = re.compile(r'(?<=[\u3000-\u9fff\uff00-\uffef])(?P<between>[^"]*?)\s+—\s+"[^"]*"')
+
+
 def preserved(english: str, translation: str) -> list[str]:
-    """What a translation changed that it must keep: math, code spans, role keys and targets, link targets."""
+    """What a translation changed that it must keep: math, code spans, role keys and targets, link targets. Where
+    the English quotes a Chinese note and renders it in English (NOTE_GLOSS), the translation may drop the
+    rendering."""
+    differences = _preserved(english, translation)
+    if differences and NOTE_GLOSS.search(english):
+        without_gloss = _preserved(NOTE_GLOSS.sub(lambda m: m["between"], english), translation)
+        return without_gloss if not without_gloss else differences
+    return differences
+
+
+def _preserved(english: str, translation: str) -> list[str]:
     differences = []
     double = [sorted(DOUBLE_CODE.findall(t)) for t in (english, translation)]
     english, translation = (DOUBLE_CODE.sub("", t) for t in (english, translation))
