@@ -121,3 +121,16 @@ def test_regenerate_command_for_run_and_unrun_sweeps():
         report.regenerate_command("no-such-sweep")
     with pytest.raises(TypeError, match="name must be a sweep name"):
         report.regenerate_command(3)
+
+
+def test_difference_text_says_exact_only_for_an_exact_zero():
+    assert report.difference_text(0.0) == "0 (exact)"
+    assert report.difference_text(np.float64(0)) == "0 (exact)"
+    assert report.difference_text(2.220446049250313e-16) == "2e-16"  # one significant digit, not "0"
+    assert report.difference_text(np.float32(3.1e-7)) == "3e-07"
+    with pytest.raises(ValueError, match="difference"):
+        report.difference_text(float("nan"))  # a check that compared nothing
+    with pytest.raises(ValueError, match="difference"):
+        report.difference_text(-1e-16)
+    with pytest.raises(TypeError, match="difference"):
+        report.difference_text("0")

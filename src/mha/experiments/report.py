@@ -79,6 +79,15 @@ def result_text(result, fmt: str = ".3f", form: str = "brackets") -> str:
     return interval_text(mean, low, high, fmt, form)
 
 
+def difference_text(difference) -> str:
+    """The largest difference between a result and an independent computation of it, for the prose: "0 (exact)" when
+    it is exactly zero, else one significant digit ("3e-16"). NaN is refused: a check that compared nothing."""
+    difference = float(_real("difference", difference))
+    if math.isnan(difference) or difference < 0:
+        raise ValueError(f"difference must be a largest absolute difference (>= 0), got {difference!r}")
+    return "0 (exact)" if difference == 0 else f"{difference:.0e}"
+
+
 def count_text(k, n, form: str = "brackets") -> str:
     """``k`` of ``n`` runs with the 95% Wilson interval of the fraction k/n (:func:`mha.experiments.stats.
     wilson_interval`): ``form="brackets"`` gives "3/10 [0.11, 0.60]", ``form="percent"`` gives "3/10 (11%–60%)"."""
