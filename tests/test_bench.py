@@ -295,3 +295,32 @@ def test_equal_cache_section_builds_the_trained_models_and_checks_each_step():
             assert variant["params"] == trained[name], name
             assert variant["cache_numbers_per_position_layer"] == numbers[name], name
             assert len(variant["times_s"]) == QUICK.repeats and all(t > 0 for t in variant["times_s"])
+
+
+def test_benchmark_runs_and_gpu_kernel_runs_select_what_their_files_say(tmp_path, monkeypatch):
+    """The chapters' loaders, on a folder of hand-written runs: --quick left out, file names kept, and only a kernel
+    section compiled on CUDA counts as a GPU kernel run."""
+    import json as json_module
+
+    from mha.experiments.results import benchmark_runs, gpu_kernel_runs
+
+    folder = tmp_path / "experiments" / "benchmarks"
+    folder.mkdir(parents=True)
+    (tmp_path / "experiments" / "notebooks").mkdir()
+    compiled = {"device": {"interpreted": False}, "rows": [{"seq_len": 128}]}
+    files = {
+        "a-cpu.json": {"device": {"type": "cpu"}, "sections": {"kernels": dict(compiled, device={"interpreted": True})}},
+        "b-gpu.json": {"device": {"type": "cuda"}, "sections": {"kernels": compiled}},
+        "c-gpu-quick.json": {"device": {"type": "cuda"}, "quick": True, "sections": {"kernels": compiled}},
+        "d-gpu-no-kernels.json": {"device": {"type": "cuda"}, "sections": {"attention": {}}},
+        "e-gpu-interpreted.json": {"device": {"type": "cuda"},
+                                   "sections": {"kernels": dict(compiled, device={"interpreted": True})}},
+    }
+    for name, run in files.items():
+        (folder / name).write_text(json_module.dumps(run))
+    monkeypatch.delenv("MHA_EXPERIMENTS_DIR", raising=False)
+    runs = benchmark_runs(tmp_path)
+    assert [run["file"] for run in runs] == ["a-cpu.json", "b-gpu.json", "d-gpu-no-kernels.json",
+                                             "e-gpu-interpreted.json"]
+    gpu = gpu_kernel_runs(runs)
+    assert [run["file"] for run in gpu] == ["b-gpu.json"] and gpu[0]["kernels"] == compiled

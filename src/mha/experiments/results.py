@@ -221,6 +221,26 @@ def experiments_dir(start: str | os.PathLike | None = None) -> Path:
                             f"repository, or set MHA_EXPERIMENTS_DIR")
 
 
+def benchmark_runs(root: str | os.PathLike | None = None) -> list[dict]:
+    """The committed benchmark runs (``experiments/benchmarks/*.json``, written by ``python -m mha.bench``), in file
+    name order, each with its file name under ``"file"``; runs made with ``--quick`` are smoke tests, not
+    measurements, and are left out."""
+    folder = experiments_dir(root) / "benchmarks"
+    runs = [dict(json.loads(path.read_text()), file=path.name) for path in sorted(folder.glob("*.json"))]
+    return [run for run in runs if not run.get("quick")]
+
+
+def gpu_kernel_runs(runs: list[dict]) -> list[dict]:
+    """Of :func:`benchmark_runs`, those whose kernel section timed the Triton kernel compiled on a CUDA GPU (not in
+    the interpreter), each with that section also under ``"kernels"``."""
+    found = []
+    for run in runs:
+        kernels = run.get("sections", {}).get("kernels") or {}
+        if run["device"]["type"] == "cuda" and "rows" in kernels and not kernels["device"].get("interpreted"):
+            found.append(dict(run, kernels=kernels))
+    return found
+
+
 def sweep_names(root: str | os.PathLike | None = None) -> dict[str, Path]:
     """Every sweep file under ``experiments/<chapter>/``: sweep name -> the YAML file (``experiments/gpu/``, the GPU
     program's queue, holds none)."""
