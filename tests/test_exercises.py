@@ -478,17 +478,19 @@ BLOCK = re.compile(
 POINTS_TO_ANOTHER = {"part1/intuition": "{doc}`worked_example`"}
 
 
-@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if f"{c.parent.name}/{c.stem}" in POINTS_TO_ANOTHER],
-                         ids=lambda c: f"{c.parent.name}/{c.stem}")
+def _chapter_id(chapter) -> str:
+    return f"{chapter.parent.name}/{chapter.stem}"
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if _chapter_id(c) in POINTS_TO_ANOTHER], ids=_chapter_id)
 def test_a_chapter_without_its_own_block_points_to_the_exercise(chapter):
     text = chapter.read_text(encoding="utf-8")
     assert not BLOCK.search(text), "listed in POINTS_TO_ANOTHER but has a write-it-yourself block: drop it from there"
     exercises = text[text.index("## Exercises"):]
-    assert POINTS_TO_ANOTHER[f"{chapter.parent.name}/{chapter.stem}"] in exercises
+    assert POINTS_TO_ANOTHER[_chapter_id(chapter)] in exercises
 
 
-@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if f"{c.parent.name}/{c.stem}" not in POINTS_TO_ANOTHER],
-                         ids=lambda c: f"{c.parent.name}/{c.stem}")
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if _chapter_id(c) not in POINTS_TO_ANOTHER], ids=_chapter_id)
 def test_chapter_ends_with_a_write_it_yourself_block_whose_solution_passes(chapter):
     text = chapter.read_text(encoding="utf-8")
     blocks = list(BLOCK.finditer(text))

@@ -328,9 +328,9 @@ def preserved(english: str, translation: str) -> list[str]:
     the English quotes a Chinese note and renders it in English (NOTE_GLOSS), the translation may drop the
     rendering."""
     differences = _preserved(english, translation)
-    if differences and NOTE_GLOSS.search(english):
-        without_gloss = _preserved(NOTE_GLOSS.sub(lambda m: m["between"], english), translation)
-        return without_gloss if not without_gloss else differences
+    if differences and NOTE_GLOSS.search(english) and not _preserved(NOTE_GLOSS.sub(r"\g<between>", english),
+                                                                     translation):
+        return []  # the translation keeps everything but the rendering
     return differences
 
 
