@@ -273,7 +273,8 @@ def write_record(rows: list[dict], path: str | os.PathLike = RECORD) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(partial, "w", newline="") as stream:
-        writer = csv.DictWriter(stream, fieldnames=RECORD_COLUMNS, restval="", extrasaction="raise")
+        writer = csv.DictWriter(stream, fieldnames=RECORD_COLUMNS, restval="", extrasaction="raise",
+                                lineterminator="\n")  # a text file people read and diff: no CRLF
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
     os.replace(partial, path)

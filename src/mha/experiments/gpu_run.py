@@ -248,7 +248,7 @@ class GpuRun:
         if self.here("env.txt").is_file():
             _write_atomic(self.out / "env.txt", self.here("env.txt").read_bytes())
         added = io.StringIO()
-        writer = csv.DictWriter(added, fieldnames=RECORD_COLUMNS)
+        writer = csv.DictWriter(added, fieldnames=RECORD_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.added_rows)
         _write_atomic(self.out / "record.csv", added.getvalue().encode())
@@ -530,7 +530,7 @@ class GpuRun:
             self.made.update(outputs)
             status, _ = self.call(command, log, self.left())
             outcome.commands.append(" ".join(command[1:]))
-            last = _last_line(log)
+            last = _last_line(log).replace(f"{self.root}{os.sep}", "")  # paths in the record: the checkout's
             if status is None:
                 outcome.status = "cut"
                 details.append(f"step {number} stopped at its time limit (its finished runs are kept)")
