@@ -35,6 +35,13 @@ def test_glue_roles_are_localised_for_a_translated_paragraph():
     assert i18n.localise_glue(text, "book/part1/multi_head") == (
         "共 {glue:text}`multi_head.md::n_heads:s` 个头，误差 {glue:text}`multi_head.md::err:.1e`，"
         "已写 {glue:text}`multi_head.md::x:d`")
+    # a role that pastes another page's glue keeps that page, as the English role names it
+    english = "one head is {glue:text}`../part3/head_count.md::hc_dec_worse:s` four, {glue:text}`n:d` runs"
+    assert i18n.localise_glue("一个头 {glue:text}`hc_dec_worse` 四个头，{glue:text}`n:d` 次", "book/appendix/claims",
+                              english) == ("一个头 {glue:text}`../part3/head_count.md::hc_dec_worse:s` 四个头，"
+                                           "{glue:text}`claims.md::n:d` 次")
+    assert i18n.glue_page("book/appendix/claims", "../part3/head_count.md::") == "book/part3/head_count"
+    assert i18n.glue_page("book/appendix/claims", None) == "book/appendix/claims"
 
 
 def test_glued_text_measured_at_build_time_keeps_its_translation_when_only_its_numbers_change():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -109,16 +110,27 @@ def localise_glue(text: str, page: str, english: str | None = None) -> str:
     """Every glue role of a translation in the form a translated paragraph needs: ``<file>::key:format``
     (myst-nb splits the format off at the last colon, so ``file::key`` alone would lose its key; ``s``, myst-nb's
     own default, prints the value as the English page does). The role's kind (text, md) is the English one's."""
-    file = Path(page).name + ".md"
+    own = Path(page).name + ".md"
     english_roles = {m["key"]: m for m in GLUE_ROLE.finditer(english or "")}
 
     def rewrite(match):
         source = english_roles.get(match["key"], match)
+        english_path = english_roles[match["key"]]["path"] if match["key"] in english_roles else None
+        file = (english_path or f"{own}::")[:-2]  # the English role's page: its own, or the one its path names
         if source["kind"] == "md":  # inlined from the execution cache at build time (see stage_catalogs)
             return f"{{glue:md}}`{file}::{match['key']}{source['fmt'] or ''}`"
         return f"{{glue:{source['kind']}}}`{file}::{match['key']}{match['fmt'] or ':s'}`"
 
     return GLUE_ROLE.sub(rewrite, text)
+
+
+def glue_page(page: str, path: str | None) -> str:
+    """The page (``book/part3/head_count``) whose glue a role pastes: ``page`` itself, or the one that the role's
+    ``path::`` (``../part3/head_count.md::``, relative to ``page``'s folder) names."""
+    if not path:
+        return page
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(page), path[:-2]))
+    return target[:-3] if target.endswith(".md") else target
 
 
 def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
@@ -128,7 +140,7 @@ def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
     used, used_md = set(), set()
     for page, message_id in catalogs:
         for match in GLUE_ROLE.finditer(message_id):
-            (used_md if match["kind"] == "md" else used).add((page, match["key"]))
+            (used_md if match["kind"] == "md" else used).add((glue_page(page, match["path"]), match["key"]))
     texts = {}
     for (page, key), plain in values.items():
         if (page, key) not in used or plain is None:
