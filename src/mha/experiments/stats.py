@@ -199,8 +199,9 @@ def separated(first: tuple[float, float], second: tuple[float, float]) -> bool:
 
 
 def outcome_of(loss: float, vocab_size: int) -> str:
-    """'solved', 'partial' or 'chance' for a final two-offset loss: the nearest plateau of 0, ln 2 and
-    ln(vocab_size), on a log scale of the loss (cut points: ln 2 / 2 and sqrt(ln 2 ln V))."""
+    """'solved', 'partial' or 'chance' for a final two-offset loss, by the plateaus 0, ln 2 and ln(vocab_size): solved
+    below ln 2 / 2 (halfway between 0 and ln 2), chance from sqrt(ln 2 ln V) (halfway between ln 2 and ln V on a log
+    scale), partial between."""
     loss = check_float("loss", loss, minimum=0.0)
     vocab_size = check_int("vocab_size", vocab_size, minimum=3)
     if loss < math.log(2) / 2:
