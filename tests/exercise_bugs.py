@@ -1495,6 +1495,12 @@ def softmax_backward_column_sum(weights, grad_weights):
 # A reader's hand-written backward pass: the forward weights A (the reader's softmax), then
 # dV = A^T dO, dA = dO V^T, dS = A * (dA - rowsum(dA * A)), dQ = scale dS K, dK = scale dS^T Q; one mistake each.
 
+@bug("check_scaled_dot_product_attention_grad", "full_score_matrix", tiled=True)
+def grad_right_but_whole_matrices(q, k, v, grad_out, mask=None, scale=None, tile=3):
+    # Right gradients, with a `tile` argument it never uses: the scores and weights are built whole (L_q x L_kv).
+    return R.scaled_dot_product_attention_grad(q, k, v, grad_out, mask, scale)
+
+
 @bug("check_scaled_dot_product_attention_grad", "grad_missing_scale")
 def grad_forgets_scale(q, k, v, grad_out, mask=None, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale

@@ -336,6 +336,22 @@ def test_bad_arguments_to_a_checker(checker):
         check(R.softmax, backend=1)
 
 
+def test_tiled_flag_must_be_a_bool():
+    with pytest.raises(TypeError, match="tiled must be True or False, got 1"):
+        E.check_scaled_dot_product_attention_grad(R.scaled_dot_product_attention_grad, tiled=1)
+
+
+def test_the_tiled_memory_case_measures_only_the_call():
+    """The memory case counts what fn allocates during the call: an fn that allocates nothing new peaks near 0,
+    one that makes a single L x L float64 array peaks at least at its size (tracemalloc sees NumPy's buffers)."""
+    from mha.exercises.gradient_checks import TILED_LENGTH, _peak_bytes
+
+    x = np.ones((TILED_LENGTH, 4))
+    _, idle = _peak_bytes(lambda a: a, (x,), {})
+    _, whole = _peak_bytes(lambda a: a @ a.T, (x,), {})
+    assert idle < 2**16 and whole >= TILED_LENGTH**2 * 8
+
+
 def test_gqa_flag_must_be_a_bool():
     with pytest.raises(TypeError, match="gqa must be True or False, got 'yes'"):
         E.check_multi_head_attention(R.multi_head_attention, gqa="yes")

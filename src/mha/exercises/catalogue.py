@@ -50,6 +50,9 @@ EQ_DV_DA = Equation("bwd-attn-dv-da", BWD_CH)
 EQ_DS = Equation("bwd-attn-ds", BWD_CH)
 EQ_DQ_DK = Equation("bwd-attn-dq-dk", BWD_CH)
 
+FLASH_CH = "part II 'From the recurrence to a kernel'"
+EQ_FK_DS = Equation("fk-ds", FLASH_CH)
+
 # Part IV, attention in today's models: book/part4/rope.md, windows_and_sinks.md, qk_norm.md.
 ROPE_CH = "part IV 'Rotary position embeddings (RoPE)'"
 WINDOWS_CH = "part IV 'Sliding windows and attention sinks'"
@@ -112,6 +115,13 @@ KNOWN_BUGS: dict[str, KnownBug] = {
         "your function changed one of its inputs in place (for example x -= x.max(...), or masked_fill_)",
         "work on new arrays: x = x - x.max(axis, keepdims=True) creates one; x -= ... overwrites the caller's data.",
         None),
+    "full_score_matrix": KnownBug(
+        "your function builds a whole L_q x L_kv array (the scores, the weights or a mask) at some point of the call, "
+        "so its memory grows with L_q * L_kv instead of L_q times the tile width",
+        "keep every L_q x L_kv quantity tile by tile: the row log-sum-exp by the online recurrence over key tiles "
+        "(a running maximum and sum), the output and the gradients from P = exp(S_tile - LSE) recomputed per tile, "
+        "and a mask only as a view (np.broadcast_to) sliced per tile.",
+        EQ_FK_DS),
     "outputs_swapped": KnownBug(
         "your function returns the right arrays in the wrong order",
         "return them in the order of the signature: out, weights (attention, multi-head attention); out, k_cache, "

@@ -5,12 +5,16 @@ Book: part II, 'The backward pass'.
 
 from __future__ import annotations
 
+import inspect
+import tracemalloc
+
 import numpy as np
 
 from mha import reference
-from mha.exercises.catalogue import EQ_DQ_DK, EQ_DV_DA, EQ_SOFTMAX_VJP
-from mha.exercises.runner import (TIMEOUT, Case, Output, mask_and_scale, public_checker, row_with_no_key, run_cases,
-                                  shapes_of, transposed)
+from mha.exercises.catalogue import EQ_DQ_DK, EQ_DV_DA, EQ_SOFTMAX_VJP, KNOWN_BUGS
+from mha.exercises.runner import (TIMEOUT, Case, ExerciseError, ExerciseTimeout, Output, mask_and_scale,
+                                  public_checker, row_with_no_key, run_cases, shapes_of, transposed)
+from mha.exercises.timelimit import TimedOut, TimeLimit
 from mha.exercises.simulators import sdpa_grad_variants, softmax_backward_variants
 
 
@@ -73,8 +77,78 @@ def _grad_case(label, q, k, v, grad_out, mask=None, scale=None, note=""):
                 expected, sdpa_grad_variants(q, k, v, grad_out, mask, scale), note)
 
 
+TILED_LENGTH = 2048  # L_q = L_kv of the memory case: one float64 L x L matrix is 32 MiB
+TILED_TILE = 32  # the tile width passed to a fn that takes `tile`
+TILED_BUDGET = 1 / 4  # the peak allowed during the call, as a fraction of one float64 L_q x L_kv matrix
+
+
+def _peak_bytes(fn, args, kwargs) -> tuple[object, int]:
+    """fn(*args, **kwargs) and the peak of the memory Python and NumPy allocated during the call, above what was
+    allocated before it (tracemalloc: NumPy reports its array buffers to it)."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn(*args, **kwargs)
+        return result, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+def _check_tiled(fn, timeout) -> None:
+    """The memory case of ``check_scaled_dot_product_attention_grad(fn, tiled=True)``: a long causal sequence in
+    NumPy float64; the call's peak allocation must stay below TILED_BUDGET of one L_q x L_kv matrix, and its
+    gradients must still be right."""
+    checker = "check_scaled_dot_product_attention_grad"
+    rng = np.random.default_rng(2048)
+    length, d = TILED_LENGTH, 16
+    q, k, v, grad_out = (rng.standard_normal((length, d)) for _ in range(4))
+    mask = reference.causal_mask(length, length)  # allocated before the call: only fn's own arrays count
+    kwargs = {"mask": mask}
+    if "tile" in inspect.signature(fn).parameters:
+        kwargs["tile"] = TILED_TILE
+    case = (f"memory (tiled=True): q, k, v, grad_out ({length}, {d}) float64, a causal mask"
+            + (f", tile={TILED_TILE}" if "tile" in kwargs else ""))
+    matrix = length * length * 8  # bytes of one float64 L_q x L_kv array
+    limit = None if timeout is None else TimeLimit(timeout)
+    try:
+        try:
+            if limit is not None:
+                limit.start()
+            result, peak = _peak_bytes(fn, (q, k, v, grad_out), kwargs)
+        finally:
+            if limit is not None:
+                limit.stop()
+    except TimedOut as exc:
+        raise ExerciseTimeout(f"{checker}: case '{case}': your function did not return within {timeout:g} s. "
+                              f"A tiled backward of this size takes well under a second; to wait longer, pass "
+                              f"timeout=<seconds> (timeout=None: no limit).", checker, case, timeout) from exc
+    except Exception as exc:
+        raise ExerciseError(f"{checker}: case '{case}': your function raised {type(exc).__name__}: {exc}",
+                            checker, case) from exc
+    if peak >= TILED_BUDGET * matrix:
+        known = KNOWN_BUGS["full_score_matrix"]
+        raise ExerciseError(
+            f"{checker}: case '{case}': the call allocated up to {peak / 2**20:.1f} MiB at once, at least "
+            f"{TILED_BUDGET:.0%} of one {length} x {length} float64 matrix ({matrix / 2**20:.0f} MiB).\n"
+            f"This matches a known bug: {known.description}.\nHint: {known.hint}\n"
+            f"Where to look: Eq. {known.equation.label} ({known.equation.chapter}).", checker, case,
+            "full_score_matrix")
+    expected = reference.scaled_dot_product_attention_grad(q, k, v, grad_out, mask)
+    for name, got, want in zip(("dq", "dk", "dv"), result, expected):
+        got = np.asarray(got, dtype=np.float64)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-9, atol=1e-9):
+            worst = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
+            raise ExerciseError(f"{checker}: case '{case}': {name} differs from the reference (largest "
+                                f"difference {worst:.3g}; shape {got.shape}, expected {want.shape}).", checker, case)
+
+
 @public_checker
-def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto", timeout: float | None = TIMEOUT) -> None:
+def check_scaled_dot_product_attention_grad(fn, *, tiled: bool = False, backend: str = "auto",
+                                            timeout: float | None = TIMEOUT) -> None:
     """Check ``fn(q, k, v, grad_out, mask=None, scale=None) -> (dq, dk, dv)``, the hand-derived backward pass.
 
     The gradients of ``sum(out * grad_out)`` for ``out = softmax(scale q k^T) v`` (the arguments of
@@ -83,7 +157,15 @@ def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto", timeou
     explicit scale, a causal mask, a query row with no allowed key (zero gradient), large logits, a batch of one with
     one query, non-contiguous inputs. Book: part II, 'The backward pass' (Theorem bwd-thm-attention-grad,
     Eqs. bwd-attn-dv-da, bwd-attn-ds, bwd-attn-dq-dk).
+
+    ``tiled=True`` (the kernel chapter's exercise, part II 'From the recurrence to a kernel') adds a memory case:
+    q, k, v, grad_out of 2048 positions in NumPy float64 with a causal mask (and ``tile=32`` when ``fn`` takes a
+    ``tile`` argument); the memory NumPy allocates during the call (tracemalloc) must peak below a quarter of one
+    2048 x 2048 float64 matrix, so an implementation that builds the whole score, weight or mask matrix fails
+    (bug ``full_score_matrix``), and the gradients must still match the reference.
     """
+    if not isinstance(tiled, bool):
+        raise TypeError(f"tiled must be True or False, got {tiled!r} of type {type(tiled).__name__}")
     rng = np.random.default_rng(1010)
     r = rng.standard_normal
     cases = [
@@ -110,3 +192,5 @@ def check_scaled_dot_product_attention_grad(fn, *, backend: str = "auto", timeou
     )
     run_cases("check_scaled_dot_product_attention_grad", fn, backend, ("q", "k", "v", "grad_out"), outputs,
               cases, timeout)
+    if tiled:
+        _check_tiled(fn, timeout)
