@@ -490,8 +490,10 @@ BLOCK = re.compile(
 
 
 # Chapters whose write-it-yourself exercise would repeat another's: "write multi-head attention" is kept where it
-# teaches most (worked_example, after the numbers by hand; layer_in_code, in torch with GQA); these point there.
-POINTS_TO_ANOTHER = {"part1/intuition": "{doc}`worked_example`"}
+# teaches most (worked_example, after the numbers by hand; mqa_gqa, in torch with GQA), the softmax of every head in
+# counting (one line per counted operation); these point there.
+POINTS_TO_ANOTHER = {"part1/intuition": "{doc}`worked_example`", "part1/layer_in_code": "{doc}`worked_example`",
+                     "part1/one_vs_many": "{doc}`../part2/counting`"}
 
 
 def _chapter_id(chapter) -> str:
