@@ -22,9 +22,14 @@ from mha._checks import check_bool, check_choice, check_int, head_shape
 __all__ = [
     "param_count", "flops", "matmul_flops", "decode_step_flops", "FlopCount", "kv_cache_bytes",
     "attention_matrix_bytes", "attention_core_flops", "GATES", "latent_param_count", "latent_flops_per_token",
-    "latent_kv_cache_bytes",
+    "latent_kv_cache_bytes", "MACHINE_SPECS",
 ]
 
+# Published specifications (not measurements) of the GPUs the book's rooflines use: (dense 16-bit FLOP/s, HBM
+# bytes/s). Their ratio is the roofline's ridge point, in FLOPs per byte. A100: NVIDIA's A100 datasheet (312 TFLOP/s
+# fp16/bf16 tensor core, about 2 TB/s for the 80 GB SXM part); H100 SXM: NVIDIA's H100 datasheet (989 TFLOP/s dense,
+# 3.35 TB/s HBM3).
+MACHINE_SPECS = {"A100": (312e12, 2.0e12), "H100 SXM": (989e12, 3.35e12)}
 # Elementwise operations counted per attention score in the softmax step (documented in ``flops``).
 SOFTMAX_FLOPS_PER_SCORE = 5
 # Operations counted per rotated coordinate in the RoPE step (documented in ``flops``).
