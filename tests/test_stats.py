@@ -12,6 +12,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from mha.experiments import stats
 from mha.experiments.stats import (EXACT_MAX_PAIRS, against_range, flip_distance, holm_verdict, left_chance, mean_interval,
                                    outcome_of, outcome_orderings, outcome_table, outcomes, paired_difference,
                                    paired_interval, paired_table, rank_correlation, separated, separated_pairs,
@@ -561,3 +562,34 @@ def test_holm_verdict_reads_the_adjusted_test_and_refuses_an_impossible_row():
         holm_verdict({"diff": 0.2, "real": False, "real_holm": True}, "higher", "lower")
     with pytest.raises(TypeError, match="row must be a row of paired_table"):
         holm_verdict({"diff": 0.2}, "higher", "lower")
+
+
+# ------------------------------------------------------------------------------------------------ sign_flip_p_range
+def test_sign_flip_p_range_at_no_movement_is_the_exact_test():
+    rng = np.random.default_rng(3)
+    for n in (2, 5, 8):
+        d = rng.normal(0.01, 0.02, n)
+        low, high = stats.sign_flip_p_range(d, 0.0)
+        assert low == high == stats.paired_difference(d, np.zeros(n))["p_value"]
+
+
+def test_sign_flip_p_range_holds_every_moved_p_value():
+    # Independent: move each run's pair by every corner of [-move, move]^2 and recompute the exact test.
+    rng = np.random.default_rng(4)
+    for trial in range(6):
+        d = rng.normal(0.005, 0.01, 4)
+        move = 0.001 * (trial + 1)
+        low, high = stats.sign_flip_p_range(d, move)
+        assert 0 < low <= high <= 1
+        for corner in itertools.product((-2 * move, 0.0, 2 * move), repeat=4):
+            p = stats.paired_difference(d + np.array(corner), np.zeros(4))["p_value"]
+            assert low - 1e-12 <= p <= high + 1e-12, (d, corner, p, low, high)
+
+
+def test_sign_flip_p_range_checks_its_arguments():
+    with pytest.raises(ValueError, match="move must be >= 0, got -0.1"):
+        stats.sign_flip_p_range([0.1, 0.2], -0.1)
+    with pytest.raises(TypeError, match="move must be a real number"):
+        stats.sign_flip_p_range([0.1, 0.2], "0.1")
+    with pytest.raises(ValueError, match="the exact test takes 2 to"):
+        stats.sign_flip_p_range(np.ones(stats.EXACT_MAX_PAIRS + 1), 0.0)

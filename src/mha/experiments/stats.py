@@ -60,7 +60,7 @@ __all__ = ["wilson_interval", "paired_difference", "EXACT_MAX_PAIRS", "unpaired_
            "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
            "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison",
            "best_rate_paired",
-           "newcombe_interval", "max_t_adjusted", "holm_adjusted", "holm_verdict"]
+           "newcombe_interval", "sign_flip_p_range", "max_t_adjusted", "holm_adjusted", "holm_verdict"]
 
 OUTCOMES = ("solved", "partial", "chance")
 """The two-offset task's plateaus: loss 0 (both offsets read), ln 2 (one of the two), ln V (neither), V = vocabulary."""
@@ -610,6 +610,30 @@ def _sign_flip_exact(d: np.ndarray, alpha: float) -> dict:
         low, high = float(ends.min()), float(ends.max())
     return dict(mean=float(d.mean()), low=low, high=high, n=n, p_value=p_observed,
                 real=bool(p_observed <= alpha), method="exact sign-flip")
+
+
+def sign_flip_p_range(d, move: float) -> tuple[float, float]:
+    """How low and how high the exact sign-flip p-value of the paired differences ``d`` could go if each run moved by
+    up to ``move`` (in the units of ``d``); at ``move = 0`` both ends are the test's p-value (``paired_difference``).
+
+    Each difference then moves by up to ``2 move``, so each sign pattern's ``|s . d|`` and the observed ``|sum d|``
+    move by up to ``2 n move`` each: a pattern surely counts (``|s . d| >= |sum d|``) beyond a margin of twice that,
+    and surely does not below it. The observed pattern and its negation always count. A bound, not the exact range:
+    the true p-values of the moved differences lie inside it. 2 <= n <= :data:`EXACT_MAX_PAIRS`.
+    """
+    d = _values(d, "d")
+    if not 2 <= d.size <= EXACT_MAX_PAIRS:
+        raise ValueError(f"d: the exact test takes 2 to {EXACT_MAX_PAIRS} differences, got {d.size}")
+    move = float(_check_real("move", move))
+    if not move >= 0:
+        raise ValueError(f"move must be >= 0, got {move}")
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))  # (2^n, n)
+    pattern, observed = np.abs(signs @ d), abs(d.sum())
+    slack, tolerance = 4 * d.size * move, 1e-12 * (1 + np.abs(d).sum())
+    always = np.all(signs == signs[0], axis=1) | np.all(signs == -signs[0], axis=1)  # the observed pattern, negated
+    low = float(np.mean((pattern >= observed + slack - tolerance) | always))
+    high = float(np.mean(pattern >= observed - slack - tolerance))
+    return low, high
 
 
 # ------------------------------------------------------------------------------- families of tests on the same seeds
