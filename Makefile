@@ -14,6 +14,8 @@ export PATH := $(BIN):$(PATH)
 ifneq ($(wildcard ../shared/data/tinyshakespeare/input.txt),)
 export MHA_DATA_DIR ?= $(abspath ../shared/data)
 endif
+# mermaid's CLI (npm) draws the diagrams with the system's Chromium: puppeteer must never download a Chrome of its own.
+export PUPPETEER_SKIP_DOWNLOAD := 1
 # NumPy's OpenBLAS threads fight torch's on a small machine (QR/SVD ran 10-20x slower under load): one is enough.
 export OPENBLAS_NUM_THREADS ?= 1
 PYTEST_ARGS ?=

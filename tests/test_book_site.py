@@ -8,7 +8,8 @@ executes only what nbval did not pass (and fails on it), and every output it sho
 alone, the build keeps only records newer than every file of the package (src/mha) and than their page.
 
 The browser check serves `_build/html` on 127.0.0.1, blocks every request to any other host (so nothing may come
-from a CDN), and loads each page: display math typeset by MathJax, every mermaid block an SVG, every image loaded,
+from a CDN), and loads each page: display math typeset by MathJax, every mermaid diagram an SVG drawn at build time
+(no diagram left as source for a script), every image loaded,
 every relative link (and its #fragment) resolving, no JavaScript error.
 """
 
@@ -222,18 +223,19 @@ PAGE_STATE_JS = """
 async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
   const deadline = Date.now() + 20000;
-  const mermaidDone = () => [...document.querySelectorAll('pre.mermaid, div.mermaid')]
-      .every(el => el.querySelector('svg'));
-  while (!mermaidDone() && Date.now() < deadline) { await new Promise(r => setTimeout(r, 100)); }
+  const diagrams = () => [...document.querySelectorAll('object[type="image/svg+xml"]')]
+      .filter(el => /mermaid-[0-9a-f]+[.]svg$/.test(el.getAttribute('data') || ''));
+  const drawn = el => !!(el.contentDocument && el.contentDocument.querySelector('svg'));
+  while (!diagrams().every(drawn) && Date.now() < deadline) { await new Promise(r => setTimeout(r, 100)); }
   const clone = document.body.cloneNode(true);
   clone.querySelectorAll('pre, code, script, style, mjx-container, .mermaid').forEach(el => el.remove());
   return {
     mathBlocks: document.querySelectorAll('div.math, .math.notranslate').length,
     untypesetMath: [...document.querySelectorAll('div.math, span.math')]
         .filter(el => !el.querySelector('mjx-container')).map(el => el.textContent.slice(0, 80)),
-    mermaidBlocks: document.querySelectorAll('pre.mermaid, div.mermaid').length,
-    mermaidWithoutSvg: [...document.querySelectorAll('pre.mermaid, div.mermaid')]
-        .filter(el => !el.querySelector('svg')).length,
+    mermaidBlocks: diagrams().length,
+    mermaidWithoutSvg: diagrams().filter(el => !drawn(el)).length,
+    mermaidSource: document.querySelectorAll('pre.mermaid, div.mermaid').length,
     brokenImages: [...document.images].filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src),
     links: [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
     text: clone.innerText,
@@ -254,6 +256,31 @@ def _check_link(page_path: Path, href: str) -> str | None:
     if parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _ids_of(target):
         return f"{href} -> no element with id {parts.fragment!r} in {target.name}"
     return None
+
+
+MERMAID_BLOCK = re.compile(r"^```\{mermaid\}\n(.*?)^```", re.M | re.S)
+OBJECT_DATA = re.compile(r'<object data="([^"]*mermaid-[0-9a-f]+\.svg)" type="image/svg\+xml">')
+
+
+def test_diagrams_are_drawn_at_build_time_in_both_editions(build):
+    """Issue 28: every mermaid diagram of the sources is an SVG file in the built pages of both editions, drawn at
+    build time by mermaid's CLI, so a page shows it with no script (also from file://); the SVG carries the diagram's
+    labels as text, and no page loads mermaid's script or keeps a diagram as source."""
+    sources = {md: MERMAID_BLOCK.findall(md.read_text(encoding="utf-8")) for md in (ROOT / "book").rglob("*.md")}
+    sources = {md: blocks for md, blocks in sources.items() if blocks}
+    assert sources, "no mermaid diagram in the book's sources"
+    for md, blocks in sources.items():
+        rel = md.relative_to(ROOT).with_suffix(".html")
+        for html in (HTML / rel, ZH / rel):
+            text = html.read_text(encoding="utf-8")
+            svgs = [(html.parent / unquote(src)).resolve() for src in OBJECT_DATA.findall(text)]
+            assert len(svgs) == len(blocks), f"{html}: {len(blocks)} diagram(s) in the source, {len(svgs)} drawn"
+            for svg, block in zip(svgs, blocks):
+                drawing = svg.read_text(encoding="utf-8")
+                assert drawing.lstrip().startswith("<svg"), f"{svg} is not an SVG"
+                label = re.search(r'\["([A-Za-z][^"<]*)', block).group(1)  # the first node label's plain text
+                assert label in drawing, f"{svg} does not show the label {label!r} of its diagram in {md.name}"
+            assert 'class="mermaid"' not in text and "mermaid.esm" not in text, f"{html} still draws with a script"
 
 
 def test_every_page_renders_offline(server, browser):
@@ -292,7 +319,9 @@ def test_every_page_renders_offline(server, browser):
         totals["mermaid"] += state["mermaidBlocks"]
         found += [f"math not typeset: {t!r}" for t in state["untypesetMath"]]
         if state["mermaidWithoutSvg"]:
-            found.append(f"{state['mermaidWithoutSvg']} mermaid block(s) did not become an SVG")
+            found.append(f"{state['mermaidWithoutSvg']} mermaid diagram(s) did not load their SVG")
+        if state["mermaidSource"]:
+            found.append(f"{state['mermaidSource']} mermaid block(s) left as source for a script to draw")
         found += [f"image did not load: {src}" for src in state["brokenImages"]]
         raw = RAW_TEX.findall(state["text"])
         if raw:

@@ -1,13 +1,24 @@
-"""Serve MathJax 3 and mermaid 11 from the build itself, so the book renders offline.
+"""The book renders offline: MathJax 3 is served from the build itself, and every mermaid diagram is drawn as an
+SVG file at build time, so a page needs no script and no network to show it (also from ``file://``).
 
 Both come from npm (the committed ``package.json`` and ``package-lock.json``; ``npm ci`` fills ``node_modules``).
-At build start this extension copies only the files the pages load into ``_build/offline_static/vendor`` and adds
-that folder to ``html_static_path``; Sphinx then copies it to ``_build/html/_static/vendor``. ``_config.yml`` points
-``mathjax_path`` and ``mermaid_use_local`` there. Nothing from the packages is committed.
+
+- MathJax: at build start this extension copies only the files the pages load into ``_build/offline_static/vendor``
+  and adds that folder to ``html_static_path``; Sphinx then copies it to ``_build/html/_static/vendor``, where
+  ``_config.yml``'s ``mathjax_path`` points.
+- Diagrams: ``_config.yml`` sets ``mermaid_output_format: svg``, and sphinxcontrib-mermaid runs ``mermaid_cmd`` once
+  per diagram. This extension points it at mermaid's own command-line renderer (``node_modules/.bin/mmdc``) with a
+  puppeteer configuration that drives the system's Chromium (``$MHA_CHROMIUM``, else ``chromium`` on the PATH, else
+  ``/usr/bin/chromium``: Debian's, which the browser tests use too). Puppeteer's own Chrome is never downloaded.
+
+Nothing from the packages is committed; a missing package or Chromium stops the build with a message saying what to
+install.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -22,9 +33,24 @@ ASSETS = [
     ("mathjax", "es5/ui", "mathjax/ui"),  # the context menu
     ("mathjax", "es5/a11y", "mathjax/a11y"),
     ("mathjax", "es5/sre", "mathjax/sre"),  # speech rule engine, loaded by the menu's accessibility options
-    ("mermaid", "dist/mermaid.esm.min.mjs", "mermaid/mermaid.esm.min.mjs"),
-    ("mermaid", "dist/chunks/mermaid.esm.min", "mermaid/chunks/mermaid.esm.min"),
 ]
+# Chromium flags for a headless run on a machine with no network and no display (as root, hence no sandbox).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def _missing(root: Path, what: str) -> ExtensionError:
+    return ExtensionError(f"offline_assets: {what} is missing; run `npm ci` in {root} (the Makefile's `make book` "
+                          "does) to install MathJax and mermaid's renderer from package-lock.json")
+
+
+def chromium() -> str:
+    """The Chromium that draws the diagrams: ``$MHA_CHROMIUM``, else ``chromium`` on the PATH, else Debian's."""
+    for candidate in (os.environ.get("MHA_CHROMIUM"), shutil.which("chromium"), "/usr/bin/chromium"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise ExtensionError("offline_assets: no Chromium to draw the mermaid diagrams with: install Debian's chromium "
+                         "(`apt-get install chromium`; .ci/run does) or set MHA_CHROMIUM to a Chrome or Chromium binary")
 
 
 def _stage(app: Sphinx) -> None:
@@ -34,10 +60,7 @@ def _stage(app: Sphinx) -> None:
     for package, src, dest in ASSETS:
         source = modules / package / src
         if not source.exists():
-            raise ExtensionError(
-                f"offline_assets: {source} is missing; run `npm ci` in {root} "
-                "(the Makefile's `make book` does) to install MathJax and mermaid from package-lock.json"
-            )
+            raise _missing(root, str(source))
         target = stage / "vendor" / dest
         if target.exists():
             continue
@@ -47,6 +70,15 @@ def _stage(app: Sphinx) -> None:
         else:
             shutil.copy2(source, target)
     app.config.html_static_path = [*app.config.html_static_path, str(stage)]
+
+    if app.config.mermaid_output_format != "raw":  # diagrams drawn now, by mermaid's CLI
+        mmdc = modules / ".bin" / "mmdc"
+        if not mmdc.exists():
+            raise _missing(root, str(mmdc))
+        puppeteer = stage / "mermaid-puppeteer.json"
+        puppeteer.write_text(json.dumps({"executablePath": chromium(), "args": CHROMIUM_ARGS}), encoding="utf-8")
+        app.config.mermaid_cmd = [str(mmdc)]
+        app.config.mermaid_params = ["--puppeteerConfigFile", str(puppeteer), "--quiet"]
 
 
 def setup(app: Sphinx) -> dict:
