@@ -95,3 +95,39 @@ def test_a_quoted_notes_english_rendering_may_be_left_out_but_nothing_else():
     assert i18n.preserved(english, "「呈二次增长（$O(L^2 d)$）」（笔记 004）")  # but the code after it is kept
     assert i18n.preserved(english, "「呈二次增长」（笔记 004，`d` 为头维度）")  # and the quote's own math
     assert i18n.preserved('— "Decoding memory: $1/h$"', "——解码显存")  # a rendering alone is no quote: its math stays
+
+
+def test_diagram_labels_are_translated_before_the_chinese_diagram_is_drawn(tmp_path):
+    """Issue 28: the Chinese edition draws each mermaid diagram with its labels from glue.po; a label with no words
+    (a formula, markup) is left as it is, and a label with words but no translation is a build warning."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from sphinxcontrib.mermaid import mermaid
+
+    import i18n_glue
+
+    assert i18n_glue.diagram_labels('A["head 1<br/>its own W₁<sup>Q</sup>"] -->|"N × L × d_k"| B["· W<sup>O</sup>"]'
+                                    ' --> C["new label"]') == ["head 1<br/>its own W₁<sup>Q</sup>", "new label"]
+    catalog = tmp_path / "zh_CN" / "LC_MESSAGES"
+    catalog.mkdir(parents=True)
+    (catalog / "glue.po").write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                                     'msgid "head 1<br/>its own W₁<sup>Q</sup>"\nmsgstr "头 1<br/>自己的 W₁<sup>Q</sup>"\n',
+                                     encoding="utf-8")
+    app = SimpleNamespace(config=SimpleNamespace(language="zh_CN", locale_dirs=["."]), confdir=str(tmp_path))
+    doctree = nodes.section()
+    doctree += mermaid(code='flowchart LR\n  A["head 1<br/>its own W₁<sup>Q</sup>"] -->|"N × L × d_k"| B["new label"]')
+    warnings = []
+    original = i18n_glue.logger.warning
+    i18n_glue.logger.warning = lambda message, **kwargs: warnings.append(message)
+    try:
+        i18n_glue._translate_diagrams(app, doctree, "page")
+    finally:
+        i18n_glue.logger.warning = original
+    code = next(iter(doctree.findall(mermaid)))["code"]
+    assert code == 'flowchart LR\n  A["头 1<br/>自己的 W₁<sup>Q</sup>"] -->|"N × L × d_k"| B["new label"]'
+    assert warnings == ["diagram label 'new label' has no translation in glue.po; run python tools/i18n.py update "
+                        "and translate it"]
+    # the book's own labels: each one glue.po must hold is listed, with the page that draws it
+    labels = i18n.diagram_texts()
+    assert labels["output"] == ["book/intro (diagram label)"] and "N × L × d_k" not in labels

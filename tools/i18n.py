@@ -45,7 +45,7 @@ EXECUTED = BUILD / "jupyter_execute"  # the English build's executed notebooks, 
 GLUE_CATALOG = CATALOGS / "glue.po"
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
-from i18n_glue import has_words, translate  # noqa: E402 - the build's own rules: which glued texts, and how
+from i18n_glue import diagram_labels, has_words, translate  # noqa: E402 - the build's own rules: which texts, how
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
 NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
@@ -182,7 +182,27 @@ def update() -> None:
                 message.string = localise_glue(message.string, page, message.id)
         with open(path, "wb") as f:
             write_po(f, catalog, width=120)
-    _update_glue_catalog(glue_texts(glue_values(), messages, glue_values("text/markdown")))
+    texts = glue_texts(glue_values(), messages, glue_values("text/markdown"))
+    for label, where in diagram_texts().items():
+        texts.setdefault(label, []).extend(where)
+    _update_glue_catalog(texts)
+
+
+MERMAID_BLOCK = re.compile(r"^```\{mermaid\}\n(.*?)^```", re.M | re.S)
+
+
+def diagram_texts() -> dict:
+    """The labels of the book's mermaid diagrams that need a translation, each with where it appears (glue.po
+    translates them too: book/_ext/i18n_glue.py draws the Chinese edition's diagrams with them)."""
+    texts = {}
+    for md in sorted((ROOT / "book").rglob("*.md")):
+        page = md.relative_to(ROOT).with_suffix("").as_posix()
+        for block in MERMAID_BLOCK.findall(md.read_text(encoding="utf-8")):
+            for label in diagram_labels(block):
+                where = f"{page} (diagram label)"
+                if where not in texts.setdefault(label, []):
+                    texts[label].append(where)
+    return texts
 
 
 def _update_glue_catalog(texts: dict) -> None:

@@ -6,6 +6,11 @@ looks each glued text up in ``book/locales/<language>/LC_MESSAGES/glue.po`` (kep
 ``python tools/i18n.py update``) when myst-nb resolves a pasted glue reference. A glued text with no translation is
 a build warning (an error with ``-W``), so an untranslated word cannot slip into a Chinese page. Numbers and other
 non-text values are pasted as they are. Nothing happens in the English build.
+
+The labels of the mermaid diagrams are short texts too, and go through the same catalog: before a diagram is drawn,
+each quoted label of its source (a node's ``["..."]`` or an edge's ``|"..."|``) that has words in it is replaced by
+its translation, so the Chinese edition's diagrams are drawn with Chinese labels. ``tools/i18n.py update`` lists the
+labels in glue.po (``diagram_labels``); a label with no translation is a build warning, as a glued text is.
 """
 
 from __future__ import annotations
@@ -90,6 +95,44 @@ def _install(app: Sphinx) -> None:
     crossref.generate_text_nodes = translated_text_nodes
 
 
+# A quoted label in a mermaid diagram's source: a node's ["..."], an edge's |"..."|.
+LABEL = re.compile(r'"([^"\n]*)"')
+
+
+MARKUP = re.compile(r"<(sup|sub)>[^<]*</\1>|<[^>]*>")  # a superscript or subscript with its content, any other tag
+
+
+def _label_has_words(label: str) -> bool:
+    return has_words(MARKUP.sub(" ", label), markdown=True)  # "W<sup>O</sup>" or "<br/>" has no words
+
+
+def diagram_labels(code: str) -> list[str]:
+    """The quoted labels of a mermaid diagram's source that need a translation (words outside HTML tags)."""
+    return [label for label in LABEL.findall(code) if _label_has_words(label)]
+
+
+def _translate_diagrams(app: Sphinx, doctree, docname: str) -> None:
+    if not app.config.language or app.config.language.startswith("en"):
+        return
+    from sphinxcontrib.mermaid import mermaid
+
+    translations = _load(app)
+    for node in doctree.findall(mermaid):
+        def label(match, node=node):
+            english = match.group(1)
+            if not _label_has_words(english):
+                return match.group(0)
+            chinese = translations.get(english)
+            if chinese is None:
+                logger.warning(f"diagram label {english!r} has no translation in glue.po; run python tools/i18n.py "
+                               "update and translate it", location=node)
+                return match.group(0)
+            return f'"{chinese}"'
+
+        node["code"] = LABEL.sub(label, node["code"])
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("builder-inited", _install)
+    app.connect("doctree-resolved", _translate_diagrams)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
