@@ -525,6 +525,38 @@ def test_chinese_text_renders_with_real_glyphs(server, browser):
     assert results["zh/book/part1/multi_head.html"]["lang"] == "zh-CN"
 
 
+TYPESETTING_JS = """() => {
+  const cjk = /[\\u4e00-\\u9fff]/;
+  const size = parseFloat(getComputedStyle(document.body).fontSize);
+  const cells = [...document.querySelectorAll('article table td, article table th')].filter(c => cjk.test(c.innerText));
+  return {
+    font: getComputedStyle(document.body).fontFamily,
+    emphasis: [...document.querySelectorAll('article em')].map(e => getComputedStyle(e).fontStyle),
+    cells: cells.length,
+    narrow: cells.filter(c => c.getBoundingClientRect().width < 3 * size).map(c => c.innerText.slice(0, 20)),
+  };
+}"""
+
+
+def test_chinese_pages_are_typeset_for_chinese(server, browser):
+    """Issue 28: the Chinese pages declare a Chinese font stack, set emphasis upright (CJK fonts have no italic: a
+    slanted character is a faux italic), and give table columns room, so a Chinese cell never breaks one character
+    per line (the claims table did). The English pages keep their italics."""
+    states = {}
+    for rel in ("zh/book/appendix/claims.html", "zh/book/appendix/exercises.html", "book/appendix/claims.html"):
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(server + rel)
+        states[rel] = page.evaluate(TYPESETTING_JS)
+        page.close()
+    for rel in ("zh/book/appendix/claims.html", "zh/book/appendix/exercises.html"):
+        state = states[rel]
+        assert "Noto Sans CJK SC" in state["font"] and "PingFang SC" in state["font"], f"{rel}: {state['font']}"
+        assert state["emphasis"] and set(state["emphasis"]) == {"normal"}, f"{rel}: emphasis set {state['emphasis']}"
+        assert state["cells"] and not state["narrow"], f"{rel}: Chinese table cells under 3 characters wide: " \
+                                                       f"{state['narrow'][:5]}"
+    assert set(states["book/appendix/claims.html"]["emphasis"]) == {"italic"}
+
+
 @pytest.mark.book
 def test_each_edition_has_its_own_search_index_with_its_own_words(build):
     """Sphinx writes one search index per build; the Chinese one must index Chinese words (split by jieba), or a

@@ -8,13 +8,16 @@ URL, so the site works from any static host and from ``file://``. The Chinese pa
 The themes' own Chinese for a few interface strings is Taiwanese usage ("列印成 PDF"); :data:`THEME_ZH` gives the
 Chinese edition the mainland usage d2l-zh uses, ahead of the theme's catalog (the rest of the theme's strings keep
 its translations). The search box's placeholder and the toggle hints are configuration values, set by
-``tools/i18n.py build``.
+``tools/i18n.py build``. The Chinese pages also load ``book/_static/zh.css``: a Chinese font stack, emphasis set
+upright with emphasis dots instead of faux italics, and table columns that do not break Chinese one character per
+line.
 """
 
 from __future__ import annotations
 
 import gettext
 from html import escape
+from pathlib import Path
 
 from sphinx import locale
 from sphinx.application import Sphinx
@@ -63,9 +66,15 @@ class _Overrides(gettext.NullTranslations):
         return self._table[message] if message in self._table else super().gettext(message)
 
 
+STATIC = Path(__file__).resolve().parents[1] / "_static"
+ZH_CSS = "zh.css"  # the Chinese edition's typesetting: a CJK font stack, upright emphasis, table column widths
+
+
 def _override_theme_words(app: Sphinx) -> None:
     if not _is_chinese(app):
         return
+    app.config.html_static_path = [*app.config.html_static_path, str(STATIC)]
+    app.add_css_file(ZH_CSS)
     for catalog, table in THEME_ZH.items():  # after the themes registered their catalogs (builder-inited)
         key = ("general", catalog)
         locale.translators[key] = _Overrides(table, locale.translators.get(key))
