@@ -131,3 +131,33 @@ def test_diagram_labels_are_translated_before_the_chinese_diagram_is_drawn(tmp_p
     # the book's own labels: each one glue.po must hold is listed, with the page that draws it
     labels = i18n.diagram_texts()
     assert labels["output"] == ["book/intro (diagram label)"] and "N × L × d_k" not in labels
+
+
+def test_a_glued_word_may_have_its_own_chinese_for_one_key(tmp_path, monkeypatch):
+    """Issue 28: a glued word written for English word order ("one head is {higher than} four heads") may get, for one
+    key, the Chinese its sentence needs ("与四个头相比，一个头的损失{更高}"): an entry with the key as msgctxt wins over
+    the text's own entry, for that key only, and survives `update`, which rewrites the rest of glue.po."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import read_po, write_po
+
+    import i18n_glue
+
+    translations = {"higher than": "高于", ("book/p::a_word", "higher than"): "更高",
+                    ("book/p::a_word", "at least 2 runs"): "至少 2 次"}
+    assert i18n_glue.translate("higher than", translations, "book/p::a_word") == "更高"
+    assert i18n_glue.translate("higher than", translations, "book/p::other") == "高于"
+    assert i18n_glue.translate("higher than", translations) == "高于"
+    assert i18n_glue.translate("at least 3 runs", translations, "book/p::a_word") == "至少 3 次"
+    assert i18n_glue.translate("at least 3 runs", translations, "book/p::other") is None
+
+    glue_po = tmp_path / "glue.po"
+    catalog = Catalog(locale="zh_CN")
+    catalog.add("higher than", "高于", auto_comments=["book/p::a_word"])
+    catalog.add("higher than", "更高", context="book/p::a_word")
+    with open(glue_po, "wb") as f:
+        write_po(f, catalog)
+    monkeypatch.setattr(i18n, "GLUE_CATALOG", glue_po)
+    i18n._update_glue_catalog({"lower than": ["book/p::b_word"]})
+    with open(glue_po, "rb") as f:
+        kept = {(m.context, m.id): m.string for m in read_po(f) if m.id}
+    assert kept == {(None, "higher than"): "高于", ("book/p::a_word", "higher than"): "更高", (None, "lower than"): ""}

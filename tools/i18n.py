@@ -208,18 +208,25 @@ def diagram_texts() -> dict:
 def _update_glue_catalog(texts: dict) -> None:
     """glue.po holds one entry per glued English text a paragraph pastes. Translations already there are kept even
     when the current build did not paste their text: a value measured at build time (a timing's verdict) may take
-    another of its possible texts on another machine, and each of those texts is translated in advance."""
+    another of its possible texts on another machine, and each of those texts is translated in advance. Entries with
+    a key as context (one sentence's own Chinese for a glued word, book/_ext/i18n_glue.py) are kept as written."""
     from babel.messages.catalog import Catalog
     from babel.messages.pofile import read_po, write_po
 
-    old = {}
+    old, keyed = {}, []
     if GLUE_CATALOG.exists():
         with open(GLUE_CATALOG, "rb") as f:
-            old = {m.id: m for m in read_po(f) if m.id}
+            for m in read_po(f):
+                if m.id and m.context:
+                    keyed.append(m)  # one key's own translation (book/_ext/i18n_glue.py): kept as written
+                elif m.id:
+                    old[m.id] = m
     catalog = Catalog(locale=LANGUAGE, project="Multi-Head Attention, Derived: glued text")
     for text in sorted(set(texts) | {t for t, m in old.items() if m.string}):
         where = texts.get(text) or list(old[text].auto_comments)
         catalog.add(text, old[text].string if text in old else "", auto_comments=where)
+    for m in sorted(keyed, key=lambda m: (m.context, m.id)):
+        catalog.add(m.id, m.string, auto_comments=list(m.auto_comments), context=m.context)
     with open(GLUE_CATALOG, "wb") as f:
         write_po(f, catalog, width=120)
 

@@ -7,6 +7,11 @@ looks each glued text up in ``book/locales/<language>/LC_MESSAGES/glue.po`` (kep
 a build warning (an error with ``-W``), so an untranslated word cannot slip into a Chinese page. Numbers and other
 non-text values are pasted as they are. Nothing happens in the English build.
 
+A glued word sits in a sentence written for English word order ("one head is {higher than} four heads"). Where the
+Chinese sentence is built differently ("与四个头相比，一个头的损失{更高}"), glue.po may hold an entry for that one
+key, with the key as its context (``msgctxt "book/part3/head_count::hc_sh_fw_h1_word"``): it wins over the entry for
+the text alone, so each sentence can take the Chinese its word order needs.
+
 The labels of the mermaid diagrams are short texts too, and go through the same catalog: before a diagram is drawn,
 each quoted label of its source (a node's ``["..."]`` or an edge's ``|"..."|``) that has words in it is replaced by
 its translation, so the Chinese edition's diagrams are drawn with Chinese labels. ``tools/i18n.py update`` lists the
@@ -26,13 +31,15 @@ logger = logging.getLogger(__name__)
 
 
 def _load(app: Sphinx) -> dict:
+    """glue.po as ``{english: chinese}``, and ``{(key, english): chinese}`` for the entries with a key as context."""
     from babel.messages.pofile import read_po
 
     for locale_dir in app.config.locale_dirs:
         path = Path(app.confdir, locale_dir, app.config.language, "LC_MESSAGES", "glue.po")
         if path.exists():
             with open(path, "rb") as f:
-                return {m.id: m.string for m in read_po(f) if m.id and m.string}
+                return {((m.context, m.id) if m.context else m.id): m.string
+                        for m in read_po(f) if m.id and m.string}
     return {}
 
 
@@ -50,14 +57,21 @@ def has_words(text: str, markdown: bool = False) -> bool:
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
-def translate(value: str, translations: dict) -> str | None:
-    """The translation of a glued text: its own entry, or else the entry of a text that differs from it only in its
-    numbers ("at least 3 timed blocks" from "at least 2 timed blocks"), with the numbers carried over in order. A
-    value measured at build time keeps its words and changes its numbers from machine to machine."""
+def translate(value: str, translations: dict, context: str | None = None) -> str | None:
+    """The translation of a glued text: the entry for this key (``context``, ``page::key``) if glue.po has one, else
+    the text's own entry, or else the entry of a text that differs from it only in its numbers ("at least 3 timed
+    blocks" from "at least 2 timed blocks"), with the numbers carried over in order. A value measured at build time
+    keeps its words and changes its numbers from machine to machine."""
+    if context is not None and (context, value) in translations:
+        return translations[(context, value)]
     if value in translations:
         return translations[value]
     shape = NUMBER.sub("#", value)
     for english, chinese in translations.items():
+        if isinstance(english, tuple):
+            if english[0] != context:
+                continue
+            english = english[1]
         if NUMBER.sub("#", english) == shape:
             old = NUMBER.findall(english)
             if len(set(old)) != len(old) or any(chinese.count(n) != 1 for n in old):
@@ -83,7 +97,7 @@ def _install(app: Sphinx) -> None:
         except (ValueError, SyntaxError):
             value = None
         if isinstance(value, str) and nodes_out and has_words(value):
-            text = translate(value, translations)
+            text = translate(value, translations, f"{node.refdoc}::{node.key}")
             if text is not None:
                 nodes_out[0].children = []
                 nodes_out[0] += crossref.nodes.Text(text)
