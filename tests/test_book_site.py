@@ -258,7 +258,6 @@ def _check_link(page_path: Path, href: str) -> str | None:
     return None
 
 
-MERMAID_BLOCK = re.compile(r"^```\{mermaid\}\n(.*?)^```", re.M | re.S)
 OBJECT_DATA = re.compile(r'<object data="([^"]*mermaid-[0-9a-f]+\.svg)" type="image/svg\+xml">')
 
 
@@ -271,7 +270,7 @@ def test_diagrams_are_drawn_at_build_time_in_both_editions(build):
 
     with open(i18n.GLUE_CATALOG, "rb") as f:
         chinese = {m.id: m.string for m in read_po(f) if m.id and m.string}
-    sources = {md: MERMAID_BLOCK.findall(md.read_text(encoding="utf-8")) for md in (ROOT / "book").rglob("*.md")}
+    sources = {md: i18n.MERMAID_BLOCK.findall(md.read_text(encoding="utf-8")) for md in (ROOT / "book").rglob("*.md")}
     sources = {md: blocks for md, blocks in sources.items() if blocks}
     assert sources, "no mermaid diagram in the book's sources"
     for md, blocks in sources.items():

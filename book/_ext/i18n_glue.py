@@ -111,8 +111,6 @@ def _install(app: Sphinx) -> None:
 
 # A quoted label in a mermaid diagram's source: a node's ["..."], an edge's |"..."|.
 LABEL = re.compile(r'"([^"\n]*)"')
-
-
 MARKUP = re.compile(r"<(sup|sub)>[^<]*</\1>|<[^>]*>")  # a superscript or subscript with its content, any other tag
 
 
@@ -130,8 +128,11 @@ def _translate_diagrams(app: Sphinx, doctree, docname: str) -> None:
         return
     from sphinxcontrib.mermaid import mermaid
 
+    diagrams = list(doctree.findall(mermaid))
+    if not diagrams:  # most pages: glue.po is read only for a page that draws a diagram
+        return
     translations = _load(app)
-    for node in doctree.findall(mermaid):
+    for node in diagrams:
         def label(match, node=node):
             english = match.group(1)
             if not _label_has_words(english):
