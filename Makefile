@@ -26,7 +26,7 @@ LOCK := requirements/lock-py311.txt
 UV_VERSION := 0.13.9
 LOCK_ARGS ?=
 
-.PHONY: install book book-all test test-fast bench smoke gpu-run lock clean help
+.PHONY: install book book-all pdf test test-fast bench smoke gpu-run lock clean help
 
 help:
 	@echo "make book      build the HTML book into _build/html (creates .venv and installs everything first)"
@@ -36,6 +36,7 @@ help:
 	@echo "make bench     run the benchmarks and write experiments/benchmarks/<device>.json"
 	@echo "make gpu-run   on a CUDA machine: CUDA tests, benchmark, kernels, the GPU program's next pieces, in BUDGET s"
 	@echo "make book-all  rebuild every page (after a _config.yml change)"
+	@echo "make pdf       both editions as PDF into _build/pdf (needs texlive: README, The PDF editions)"
 	@echo "make translations  update the Chinese catalogs after editing English prose (then translate, make book)"
 	@echo "make lock      regenerate $(LOCK) (pinned versions) from pyproject.toml's ranges with uv"
 
@@ -61,6 +62,11 @@ book: install
 book-all: install
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
 	$(BIN)/python tools/i18n.py build
+
+# Both editions as PDF (tools/pdf.py), from the executed chapters make book leaves in the cache: xelatex, with xeCJK
+# for Chinese. Needs Debian's texlive-xetex texlive-latex-extra texlive-lang-chinese latexmk (README).
+pdf: book
+	$(BIN)/python tools/pdf.py
 
 # After editing English prose: the catalogs follow (new or edited paragraphs appear untranslated or fuzzy); translate
 # them in book/locales/zh_CN/LC_MESSAGES/<page>.po, then `make book`. `python tools/i18n.py check` lists what is left.

@@ -571,3 +571,71 @@ def test_each_edition_has_its_own_search_index_with_its_own_words(build):
     missing = [word for word in ("注意力", "多头", "缓存") if word not in chinese]
     assert not missing, (f"the Chinese search index lacks {missing}: install jieba (the book extra has it), then "
                          f"rebuild the Chinese edition")
+
+
+# ------------------------------------------------------------------------------------------------ PDF editions
+PDF_PAGE = "book/part1/intuition"  # a chapter with a diagram, figures, numbered equations, glue and hidden code
+PDF_TOOLS = ("xelatex", "latexmk", "pdftotext", "pdfimages")
+
+
+def _pdf_text(pdf: Path) -> str:
+    return subprocess.run(["pdftotext", "-enc", "UTF-8", str(pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _squeezed(text: str) -> str:
+    """Text without spaces and line breaks: pdftotext breaks lines (and spaces Chinese) where the PDF does."""
+    return re.sub(r"\s+", "", text)
+
+
+def test_pdf_editions_of_one_chapter_read_back(build, tmp_path):
+    """Issue 28 item 5: tools/pdf.py (`make pdf`) makes the English and the Chinese PDF, here of the introduction and
+    one chapter, and their text reads back: the chapter's title in each language (from its source and from its
+    catalog), its glued numbers in both, its diagram's first label in each language, its numbered equations, its
+    figures as images, and none of its hidden code (a `hide-input` cell's first line)."""
+    missing = [tool for tool in PDF_TOOLS if shutil.which(tool) is None]
+    if missing:
+        message = (f"{', '.join(missing)} not installed (Debian: texlive-xetex texlive-latex-extra texlive-lang-chinese "
+                   "latexmk poppler-utils; .ci/run installs them)")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    import pdf  # tools/pdf.py
+    from babel.messages.pofile import read_po
+
+    with pytest.raises(ValueError, match="is not a page of the book"):
+        pdf.build("en", tmp_path, pages=["book/part1/no_such_page"])
+    with pytest.raises(ValueError, match="language must be one of"):
+        pdf.build("fr", tmp_path, pages=[PDF_PAGE])
+
+    source = (ROOT / f"{PDF_PAGE}.md").read_text(encoding="utf-8")
+    with open(i18n.CATALOGS / f"{PDF_PAGE}.po", "rb") as f:
+        catalog = {m.id: m.string for m in read_po(f) if m.id}
+    with open(i18n.GLUE_CATALOG, "rb") as f:
+        chinese_labels = {m.id: m.string for m in read_po(f) if m.id and m.string}
+    title = re.search(r"^# (.+)$", source, re.M).group(1)
+    label = re.search(r'\["([A-Za-z][^"]*)"', i18n.MERMAID_BLOCK.findall(source)[0]).group(1)  # a whole label
+    hidden = re.findall(r"```\{code-cell\}[^\n]*\n:tags: \[hide-input\]\n\n([^\n]+)", source)
+    assert hidden, f"{PDF_PAGE} has no hide-input cell to check"
+    glued = i18n.glue_values()
+    numbers = {glued.get((PDF_PAGE, role["key"])) for role in i18n.GLUE_ROLE.finditer(source)
+               if role["fmt"] in (None, ":d")} - {None}
+    numbers = sorted(value for value in numbers if re.fullmatch(r"-?\d+", value))
+    assert numbers, f"{PDF_PAGE} pastes no glued integer to look for"
+
+    for language, expected_title, expected_label in (("en", title, label.split("<br/>")[0]),
+                                                    ("zh", catalog[title], chinese_labels[label].split("<br/>")[0])):
+        path = pdf.build(language, tmp_path, pages=[PDF_PAGE])
+        assert path == tmp_path / pdf.NAMES[language] and path.stat().st_size > 0
+        text = _pdf_text(path)
+        flat = _squeezed(text)
+        assert _squeezed(expected_title) in flat, f"{path}: no chapter title {expected_title!r}"
+        assert _squeezed(expected_label) in flat, f"{path}: the diagram's label {expected_label!r} is not in it"
+        assert re.search(r"\(\d+\.1\)", text), f"{path}: no numbered equation like (6.1)"
+        for line in hidden:
+            assert _squeezed(line) not in flat, f"{path}: hidden code is printed: {line!r}"
+        images = subprocess.run(["pdfimages", "-list", str(path)], capture_output=True, text=True, check=True)
+        assert len(images.stdout.splitlines()) > 2, f"{path}: no figure (pdfimages lists no image)"
+        for value in numbers:
+            assert re.search(rf"(?<![\d.]){re.escape(value)}(?![\d.])", text), f"{path}: glued {value} is missing"
+    assert catalog[title] != title, f"the catalog of {PDF_PAGE} does not translate its title"

@@ -282,18 +282,29 @@ def stage_catalogs() -> Path:
     return staged
 
 
-def build() -> None:
-    """The Chinese edition into ``_build/html/zh``, warnings as errors, reusing the English build's executed cells."""
+def chinese_title() -> str:
+    """The book's title in the Chinese edition (intro.po's translation of it)."""
     from babel.messages.pofile import read_po
 
-    staged = stage_catalogs()
     with open(CATALOGS / "book" / "intro.po", "rb") as f:
-        title = {m.id: m.string for m in read_po(f)}.get("Multi-Head Attention, Derived") or "Multi-Head Attention"
-    _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", "-D", f"language={LANGUAGE}", "-D",
-            f"locale_dirs={staged}", "-D", f"html_title={title}", "-D", "nb_code_prompt_show=显示代码单元",
-            "-D", "nb_code_prompt_hide=隐藏代码单元", "-D", "html_theme_options.search_bar_text=搜索本书……",
-            "-D", "togglebutton_hint=点击显示", "-D", "togglebutton_hint_hide=点击隐藏",
-            "-D", "math_eqref_format=式 ({number})", warnings_as_errors=True)  # {eq} references: 式 (25), not Eq. 25
+        return {m.id: m.string for m in read_po(f)}.get("Multi-Head Attention, Derived") or "Multi-Head Attention"
+
+
+def chinese_options() -> list[str]:
+    """sphinx-build's options for the Chinese edition (HTML and PDF): the language, the staged catalogs, the title and
+    the interface words the theme and myst-nb take from configuration rather than from Sphinx's own catalogs."""
+    staged = stage_catalogs()
+    title = chinese_title()
+    return ["-D", f"language={LANGUAGE}", "-D", f"locale_dirs={staged}", "-D", f"html_title={title}",
+            "-D", "nb_code_prompt_show=显示代码单元", "-D", "nb_code_prompt_hide=隐藏代码单元",
+            "-D", "html_theme_options.search_bar_text=搜索本书……", "-D", "togglebutton_hint=点击显示",
+            "-D", "togglebutton_hint_hide=点击隐藏",
+            "-D", "math_eqref_format=式 ({number})"]  # {eq} references: 式 (25), not Eq. 25
+
+
+def build() -> None:
+    """The Chinese edition into ``_build/html/zh``, warnings as errors, reusing the English build's executed cells."""
+    _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", *chinese_options(), warnings_as_errors=True)
 
 
 def problems() -> list[str]:

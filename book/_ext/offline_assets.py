@@ -79,6 +79,8 @@ def _stage(app: Sphinx) -> None:
         puppeteer.write_text(json.dumps({"executablePath": chromium(), "args": CHROMIUM_ARGS}), encoding="utf-8")
         app.config.mermaid_cmd = [str(mmdc)]
         app.config.mermaid_params = ["--puppeteerConfigFile", str(puppeteer), "--quiet"]
+        if app.builder.format == "latex":  # a PDF page cut to the diagram (no pdfcrop needed)
+            app.config.mermaid_params.append("--pdfFit")
 
 
 def setup(app: Sphinx) -> dict:

@@ -1,0 +1,167 @@
+"""The PDF editions (``make pdf``; ``tools/pdf.py``): Sphinx's LaTeX builder, compiled by xelatex.
+
+What print needs that the web pages do not:
+
+- Hidden code is left out: a cell tagged ``hide-input`` (the web page's "show code" toggle) keeps its output and
+  loses its input.
+- An admonition inside another (an exercise's dropdown solution) is set as a titled block of the outer one. LaTeX's
+  framed boxes cannot break a nested box across pages, and a solution longer than a page sent xelatex into a loop of
+  ten thousand pages.
+- Tables: the book's tables are pandas' HTML (a DataFrame or Styler shown or glued), which LaTeX cannot take, and its
+  plain-text form is a repr ("<pandas.io.formats.style.Styler at 0x...>"). The LaTeX builder is told to prefer an
+  output's HTML (``nb_mime_priority_overrides``), and each HTML table becomes a docutils table (merged header cells
+  kept). HTML that holds no table (the interactive attention explorer) becomes a note pointing to the web edition.
+- A citation inside a caption is set as plain text ("[Kimi Team, 2025]"): hyperref's \\caption cannot take a
+  \\hyperlink in its argument ("Argument of \\Hy@tempa has an extra }").
+- Fonts. Sphinx's default xelatex fonts (GNU FreeFont) are not on a Debian machine with texlive; DejaVu
+  (``fonts-dejavu-core``) is, and covers the arrows, Greek and symbols the prose uses. Both editions load xeCJK with
+  Noto Serif/Sans CJK SC (``fonts-noto-cjk``, which the browser tests need too): the English one quotes the
+  source notes and the glossary's Chinese terms.
+"""
+
+from __future__ import annotations
+
+import re
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.config import Config
+from sphinx.transforms.post_transforms import SphinxPostTransform
+
+HYPERLINK = re.compile(r"\\hyperlink\{[^{}]*\}\{")  # \hyperlink{target}{text} -> {text}
+LATIN = r"""
+\setmainfont{DejaVu Serif}
+\setsansfont{DejaVu Sans}
+\setmonofont{DejaVu Sans Mono}[Scale=0.9]
+"""
+CJK = r"""
+\usepackage{xeCJK}
+\setCJKmainfont{Noto Serif CJK SC}[BoldFont={Noto Serif CJK SC Bold}]
+\setCJKsansfont{Noto Sans CJK SC}[BoldFont={Noto Sans CJK SC Bold}]
+\setCJKmonofont{Noto Sans Mono CJK SC}
+"""
+
+# The references page is the bibliography's chapter: Sphinx's sphinxthebibliography would open a second one, titled
+# "Bibliography", right after it. Its running head says References, as the page does.
+BIBLIOGRAPHY = r"""
+\makeatletter
+\renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
+\makeatother
+\AtBeginDocument{\renewcommand{\bibname}{References}}
+"""
+# The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
+# names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the ones above (fontset=none).
+CHINESE = r"""
+\usepackage[heading=true,fontset=none]{ctex}
+\AtBeginDocument{\renewcommand{\contentsname}{目录}\renewcommand{\bibname}{参考文献}}
+"""
+
+
+def _configure(app: Sphinx, config: Config) -> None:
+    chinese = (config.language or "").startswith("zh")
+    elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK, "preamble": BIBLIOGRAPHY + (CHINESE if chinese else "")}
+    if chinese:
+        elements["fncychap"] = ""
+    config.latex_elements = {**elements, **(config.latex_elements or {})}
+    # HTML after LaTeX and images, before Markdown and plain text (myst-nb's latex priorities: 40, 50, 60)
+    config.nb_mime_priority_overrides = [*config.nb_mime_priority_overrides, ("latex", "text/html", 45)]
+
+
+def html_table(html: str) -> nodes.container | None:
+    """A docutils table from the first ``<table>`` of ``html`` (None if it has none): ``<thead>`` rows become the
+    header, ``colspan``/``rowspan`` merged cells, each cell its text."""
+    from bs4 import BeautifulSoup
+
+    table = BeautifulSoup(html, "html.parser").find("table")
+    if table is None:
+        return None
+    head = [row for section in table.find_all("thead") for row in section.find_all("tr")]
+    body = [row for row in table.find_all("tr") if row not in head]
+    if not body and not head:
+        return None
+    taken: dict[tuple[int, int], bool] = {}  # grid cells covered by a merged cell above or to the left
+    grid_rows = []
+    for r, row in enumerate(head + body):
+        entries, c = [], 0
+        for cell in row.find_all(["th", "td"], recursive=False):
+            while taken.get((r, c)):
+                c += 1
+            span_c, span_r = int(cell.get("colspan", 1)), int(cell.get("rowspan", 1))
+            entry = nodes.entry()
+            if span_c > 1:
+                entry["morecols"] = span_c - 1
+            if span_r > 1:
+                entry["morerows"] = span_r - 1
+            text = cell.get_text(" ", strip=True)
+            entry += nodes.paragraph(text, text) if text else nodes.paragraph()
+            entries.append(entry)
+            for dr in range(span_r):
+                for dc in range(span_c):
+                    taken[(r + dr, c + dc)] = True
+            c += span_c
+        grid_rows.append(entries)
+    n_cols = max(c + 1 for (_, c) in taken)
+    group = nodes.tgroup(cols=n_cols)
+    group += [nodes.colspec(colwidth=1) for _ in range(n_cols)]
+    for rows, section in ((grid_rows[:len(head)], nodes.thead()), (grid_rows[len(head):], nodes.tbody())):
+        if rows:
+            section += [nodes.row("", *entries) for entries in rows]
+            group += section
+    # columns as wide as their text (tabulary), in a smaller type: pandas tables run to eighteen columns
+    size = r"\scriptsize" if n_cols > 10 else r"\footnotesize"
+    return nodes.container("", nodes.raw("", r"\begingroup" + size, format="latex"),
+                           nodes.table("", group, classes=["colwidths-auto"]),
+                           nodes.raw("", r"\endgroup", format="latex"), classes=["output-table"])
+
+
+class PrintLayout(SphinxPostTransform):
+    """For the LaTeX builder only: HTML tables as tables, hidden cell inputs removed, nested admonitions unboxed,
+    citations in captions unlinked."""
+
+    default_priority = 900  # after the citations are resolved (sphinxcontrib-bibtex) and glue pasted
+    builders = ("latex",)
+
+    def run(self, **kwargs) -> None:
+        for raw in list(self.document.findall(nodes.raw)):
+            if "html" not in raw.get("format", "").split() or "text_html" not in raw["classes"]:
+                continue
+            table = html_table(raw.astext())
+            if table is None:
+                note = ("An interactive figure: it runs in the web edition of this page." if not self.config.language
+                        or self.config.language.startswith("en") else "交互式图表：请在本页的网页版中查看。")
+                table = nodes.paragraph(note, "", nodes.emphasis(note, note))
+            raw.replace_self(table)
+        for cell in list(self.document.findall(nodes.container)):
+            if "tag_hide-input" in cell["classes"]:
+                for child in [c for c in cell.children if "cell_input" in c.get("classes", [])]:
+                    cell.remove(child)
+        for inner in list(self.document.findall(nodes.Admonition)):
+            if not _inside_admonition(inner):
+                continue
+            block = nodes.container(classes=["unboxed-admonition"])
+            for child in inner.children:
+                if isinstance(child, nodes.title):
+                    block += nodes.rubric("", "", *child.children)
+                else:
+                    block += child
+            inner.replace_self(block)
+        for caption in list(self.document.findall(nodes.caption)):
+            for link in list(caption.findall(nodes.reference)):
+                link.replace_self(nodes.inline("", "", *link.children))
+            for raw in caption.findall(lambda node: node.tagname == "raw_latex"):
+                raw.rawsource = HYPERLINK.sub("{", raw.rawsource)  # sphinxcontrib-bibtex's citations, written as is
+
+
+def _inside_admonition(node: nodes.Node) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, nodes.Admonition):
+            return True
+        parent = parent.parent
+    return False
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", _configure)
+    app.add_post_transform(PrintLayout)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
