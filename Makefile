@@ -16,6 +16,9 @@ export MHA_DATA_DIR ?= $(abspath ../shared/data)
 endif
 # mermaid's CLI (npm) draws the diagrams with the system's Chromium: puppeteer must never download a Chrome of its own.
 export PUPPETEER_SKIP_DOWNLOAD := 1
+# The Chinese edition's figures: the kernels that execute the pages draw each figure a second time with its words in
+# Chinese (book/_ext/i18n_figures.py), through an IPython startup file in this IPYTHONDIR.
+export IPYTHONDIR := $(abspath _build/ipython)
 # NumPy's OpenBLAS threads fight torch's on a small machine (QR/SVD ran 10-20x slower under load): one is enough.
 export OPENBLAS_NUM_THREADS ?= 1
 PYTEST_ARGS ?=
@@ -56,10 +59,12 @@ install: $(VENV)/.installed node_modules/.installed
 # The English edition (executing the chapters, cached in _build/.jupyter_cache), then the Chinese edition into
 # _build/html/zh from the same executed cells and the catalogs in book/locales/zh_CN (tools/i18n.py).
 book: install
+	$(BIN)/python book/_ext/i18n_figures.py
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	$(BIN)/python tools/i18n.py build
 
 book-all: install
+	$(BIN)/python book/_ext/i18n_figures.py
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
 	$(BIN)/python tools/i18n.py build
 

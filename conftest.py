@@ -16,6 +16,7 @@ import atexit
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 import types
 import warnings
@@ -58,6 +59,17 @@ if "TRITON_INTERPRET" not in os.environ:
 
 # Executed notebooks that sweeps leave under experiments/<chapter>/<sweep>/runs/ are outputs, not notebooks to test.
 collect_ignore_glob = ["experiments/*/*/runs/*"]
+
+# The Chinese edition's figures: every kernel started here (nbval's, the book build's) loads an IPython startup file
+# that draws each figure a second time in Chinese (book/_ext/i18n_figures.py). make sets IPYTHONDIR; a bare pytest
+# gets the same folder.
+os.environ.setdefault("IPYTHONDIR", str(Path(__file__).resolve().parent / "_build" / "ipython"))
+try:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "book" / "_ext"))
+    import i18n_figures
+finally:
+    sys.path.pop(0)
+i18n_figures.write_startup(Path(os.environ["IPYTHONDIR"]))
 
 if HAS_NBVAL:  # everything below needs nbval (and jupytext, jupyter_client); see the imports
     # nbval starts one Jupyter kernel per notebook. With jupyter_client's default TCP transport a kernel manager picks

@@ -35,6 +35,7 @@ import pytest
 pytest.importorskip("sphinx", reason="Sphinx is not installed (the book extra brings it): the book tests need it")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import i18n  # noqa: E402
+import i18n_figures  # noqa: E402 - on the path through tools/i18n.py
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -358,14 +359,14 @@ def test_every_paragraph_has_a_current_translation():
 
 _PASTED = re.compile(r'<span class="pasted-text">(.*?)</span>', re.S)
 class _CellOutputs(HTMLParser):
-    """The visible text of every cell output (``div.output`` of kind text_plain, text_html or stream), whole: an
-    output may hold nested elements, so the parser follows the nesting to its closing tag."""
+    """The visible text of every cell output (``div.output`` of kind text_plain, text_html or stream), whole, with its
+    kind: an output may hold nested elements, so the parser follows the nesting to its closing tag."""
 
     KINDS = {"text_plain", "text_html", "stream"}
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.outputs, self._depth, self._skip, self._text = [], 0, 0, []
+        self.outputs, self._depth, self._skip, self._text, self._kind = [], 0, 0, [], None
 
     def handle_starttag(self, tag, attrs):
         if tag in ("style", "script"):
@@ -375,7 +376,7 @@ class _CellOutputs(HTMLParser):
         if self._depth:
             self._depth += 1
         elif {"output"} <= set(classes := (dict(attrs).get("class") or "").split()) and self.KINDS & set(classes):
-            self._depth, self._text = 1, []
+            self._depth, self._text, self._kind = 1, [], (self.KINDS & set(classes)).pop()
 
     def handle_endtag(self, tag):
         if tag in ("style", "script"):
@@ -383,7 +384,7 @@ class _CellOutputs(HTMLParser):
         if tag == "div" and self._depth:
             self._depth -= 1
             if not self._depth:
-                self.outputs.append(" ".join("".join(self._text).split()))
+                self.outputs.append((self._kind, " ".join("".join(self._text).split())))
 
     def handle_data(self, data):
         if self._depth and not self._skip:
@@ -391,9 +392,14 @@ class _CellOutputs(HTMLParser):
 
 
 def _cell_outputs(html: str) -> Counter:
+    """Each cell output as it must be the same on both editions: printed text whole; an HTML output (a table, whose
+    words the Chinese edition translates) by the numbers it shows."""
     parser = _CellOutputs()
     parser.feed(html)
-    return Counter(parser.outputs)
+    return Counter((kind, tuple(sorted(_NUMBER.findall(text)))) if kind == "text_html" else (kind, text)
+                   for kind, text in parser.outputs)
+
+
 _NUMBER = re.compile(r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")  # "1,234" is one number; "1, 2" two
 
 
@@ -464,7 +470,8 @@ def test_chinese_pages_show_the_themes_interface_words_in_chinese(build):
 
 @pytest.mark.book
 def test_numbers_on_each_chinese_page_equal_its_english_twin(build):
-    """Every glued number and every cell output: the same on both editions (in any order within the page)."""
+    """Every glued number and every cell output (a table's numbers; its words are translated): the same on both
+    editions (in any order within the page)."""
     problems = []
     for english, chinese in _twins():
         rel = english.relative_to(HTML).as_posix()
@@ -483,6 +490,72 @@ def test_numbers_on_each_chinese_page_equal_its_english_twin(build):
                             f"{dict(extra)}")
         if en_outputs != zh_outputs:
             problems.append(f"{rel}: {sum((en_outputs - zh_outputs).values())} cell output(s) differ")
+    assert not problems, "\n".join(problems)
+
+
+def _output_table_texts(html: str) -> list[str]:
+    """The cell strings with words of the tables pandas wrote on a page (a DataFrame's class="dataframe", a Styler's
+    id="T_..."), in order; the prose's own tables (translated by the page's catalog) are left out."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    tables = soup.select('table.dataframe, table[id^="T_"]')
+    return [text.strip() for table in tables for cell in table.find_all(["th", "td"])
+            for text in cell.find_all(string=True) if i18n.has_words(text.strip())]
+
+
+@pytest.mark.book
+def test_tables_on_chinese_pages_show_their_words_in_chinese(build):
+    """Issue 28 item 1 (tables): every word-bearing cell of a table a cell prints or glues on an English page shows,
+    on its Chinese twin, glue.po's translation of it (numbers carried over), cell for cell."""
+    from babel.messages.pofile import read_po
+
+    with open(i18n.GLUE_CATALOG, "rb") as f:
+        chinese = {m.id: m.string for m in read_po(f) if m.id and m.string and not m.context}
+    problems, pages, translated = [], 0, 0
+    for english, twin in _twins():
+        if not twin.exists():
+            continue
+        en_texts = _output_table_texts(english.read_text(encoding="utf-8"))
+        zh_texts = _output_table_texts(twin.read_text(encoding="utf-8"))
+        expected = [i18n.translate(text, chinese) or f"(no translation of {text!r})" for text in en_texts]
+        pages += bool(en_texts)
+        translated += sum(re.search(r"[\u4e00-\u9fff]", text) is not None for text in zh_texts)
+        if zh_texts != expected:
+            wrong = [(e, z) for e, z in zip(expected, zh_texts) if e != z][:3]
+            problems.append(f"{twin.relative_to(HTML)}: {len(en_texts)} English cell texts, {len(zh_texts)} Chinese; "
+                            f"first differences (expected, shown): {wrong}")
+    assert pages >= 10 and translated >= 100, f"only {pages} pages with tables, {translated} Chinese cell texts"
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.book
+def test_figures_on_chinese_pages_are_their_chinese_drawings(build):
+    """Issue 28 item 1 (figures): every figure with words that an English page shows (its PNG, named by the hash of
+    its bytes) is shown on the Chinese twin as the drawing the executing kernel made with glue.po's translations
+    (book/_ext/i18n_figures.py), not as the English one."""
+    import base64
+    import hashlib
+
+    def name(data: str) -> str:
+        return hashlib.sha256(base64.b64decode(data)).hexdigest() + ".png"
+
+    problems, checked, pages = [], 0, {}
+    for page, output in i18n._executed_outputs():
+        figure = i18n.figure_output(output)
+        data = output.get("data") or {}
+        if figure is None or not figure["texts"] or "image/png" not in data:
+            continue
+        if page not in pages:
+            pages[page] = tuple((root / f"{page}.html").read_text(encoding="utf-8") for root in (HTML, ZH))
+        english, chinese = pages[page]
+        en_png, zh_png = name(data["image/png"]), name(data[i18n_figures.MIME])
+        if en_png not in english:
+            continue  # not shown on its page (a removed output, an old record)
+        checked += 1
+        if zh_png not in chinese or en_png in chinese:
+            problems.append(f"{page}: the figure with {figure['texts'][:3]} is shown in English on the Chinese page")
+    assert checked >= 30, f"only {checked} figures with words found on the English pages"
     assert not problems, "\n".join(problems)
 
 

@@ -3,7 +3,7 @@
 Usage (from the repository root; ``make book`` runs ``build``, ``make translations`` runs ``extract`` and
 ``update``)::
 
-    python tools/i18n.py extract   # the English messages -> _build/gettext/**/*.pot (no notebook is executed)
+    python tools/i18n.py extract   # the English messages -> _build/i18n-extract/gettext/**/*.pot (nothing executed)
     python tools/i18n.py update    # the catalogs book/locales/zh_CN/LC_MESSAGES/<page>.po follow the .pot files
     python tools/i18n.py build     # the Chinese edition -> _build/html/zh (reuses the English build's executed cells)
     python tools/i18n.py check     # every message translated, none fuzzy, no catalog out of date (exit 1 otherwise)
@@ -17,7 +17,7 @@ filled with themselves by ``update``. In a translation, a glue role must name it
 only that form finds the glued value. ``update`` rewrites every glue role of a translation into that form (with
 ``:s``, myst-nb's default, where the author gave no format). Glued *text* (a word or phrase chosen by the data) is
 translated through ``book/locales/zh_CN/LC_MESSAGES/glue.po`` (``book/_ext/i18n_glue.py``), which ``update`` keeps
-in step with the values the English build glued.
+in step with the values the English build glued, the diagrams' labels and the words of the tables cells print.
 """
 
 from __future__ import annotations
@@ -38,14 +38,17 @@ LOCALES = ROOT / "book" / "locales"
 CATALOGS = LOCALES / LANGUAGE / "LC_MESSAGES"
 BUILD = ROOT / "_build"
 CONF_DIR = BUILD / "i18n-conf"
-POT_DIR = BUILD / "gettext"
+# Its own folder: myst-nb writes each page it reads into jupyter_execute beside the output folder, and the English
+# build's executed pages in _build/jupyter_execute must not be overwritten by unexecuted ones.
+POT_DIR = BUILD / "i18n-extract" / "gettext"
 HTML_ZH = BUILD / "html" / "zh"
 CACHE = BUILD / ".jupyter_cache"  # the English build's execution cache (jupyter-book's default place)
 EXECUTED = BUILD / "jupyter_execute"  # the English build's executed notebooks, one per page
 GLUE_CATALOG = CATALOGS / "glue.po"
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
-from i18n_glue import diagram_labels, has_words, translate  # noqa: E402 - the build's own rules: which texts, how
+from i18n_figures import figure_output  # noqa: E402 - the Chinese drawing of each figure, made as a page executes
+from i18n_glue import diagram_labels, has_words, table_texts, translate  # noqa: E402 - the build's own rules: which texts, how
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
 NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
@@ -78,8 +81,11 @@ def write_conf() -> Path:
     return CONF_DIR / "conf.py"
 
 
-def _sphinx(builder: str, out: Path, doctrees: Path, *options: str, warnings_as_errors: bool = False) -> None:
-    write_conf()
+def _sphinx(builder: str, out: Path, doctrees: Path, *options: str, warnings_as_errors: bool = False,
+            extra_extensions: list[str] = ()) -> None:
+    conf = write_conf()
+    if extra_extensions:
+        conf.write_text(conf.read_text() + f"extensions = [*extensions, *{list(extra_extensions)!r}]\n")
     command = [str(Path(_python()).with_name("sphinx-build")), "-b", builder, "-c", str(CONF_DIR), "-d",
                str(doctrees), *options, str(ROOT), str(out)]
     if warnings_as_errors:
@@ -88,8 +94,10 @@ def _sphinx(builder: str, out: Path, doctrees: Path, *options: str, warnings_as_
 
 
 def extract() -> None:
-    """The English messages of every page into ``_build/gettext`` (no notebook is executed)."""
-    _sphinx("gettext", POT_DIR, BUILD / "doctrees-gettext", "-q", "-D", "nb_execution_mode=off")
+    """The English messages of every page into ``_build/i18n-extract/gettext`` (no notebook is executed; book/_ext/i18n_extract.py
+    keeps the captions of glued figures and tables, which myst-nb drops when their value is missing)."""
+    _sphinx("gettext", POT_DIR, BUILD / "doctrees-gettext", "-q", "-D", "nb_execution_mode=off",
+            extra_extensions=["i18n_extract"])
 
 
 def glue_values(mime: str = "text/plain") -> dict:
@@ -185,6 +193,8 @@ def update() -> None:
     texts = glue_texts(glue_values(), messages, glue_values("text/markdown"))
     for label, where in diagram_texts().items():
         texts.setdefault(label, []).extend(where)
+    for text, where in output_texts().items():
+        texts.setdefault(text, []).extend(where)
     _update_glue_catalog(texts)
 
 
@@ -203,6 +213,70 @@ def diagram_texts() -> dict:
                 if where not in texts.setdefault(label, []):
                     texts[label].append(where)
     return texts
+
+
+def _executed_outputs():
+    """(page, output) for every output of the English build's executed pages and every value they glued. The
+    outputs come from the execution cache (the latest record of each page; ``_build/jupyter_execute`` holds a page's
+    outputs only when the build executed it, not when it took them from the cache), or from
+    ``_build/jupyter_execute`` for a page the cache does not keep (one executed with ``execution_mode: force``)."""
+    import json
+
+    from jupyter_cache import get_cache
+
+    latest = {}
+    if CACHE.is_dir():
+        cache = get_cache(str(CACHE))
+        for record in cache.list_cache_records():
+            page = Path(record.uri).resolve().relative_to(ROOT).with_suffix("").as_posix()
+            if page not in latest or record.created > latest[page].created:
+                latest[page] = record
+        for page, record in sorted(latest.items()):
+            for cell in cache.get_cache_bundle(record.pk).nb.cells:
+                for output in cell.get("outputs", []):
+                    yield page, output
+    for path in sorted(EXECUTED.rglob("*.ipynb")):
+        page = path.relative_to(EXECUTED).with_suffix("").as_posix()
+        if page not in latest:
+            for cell in json.loads(path.read_text()).get("cells", []):
+                for output in cell.get("outputs", []):
+                    yield page, output
+    for path in sorted(EXECUTED.rglob("*.glue.json")):
+        page = path.relative_to(EXECUTED).as_posix()[: -len(".glue.json")]
+        for output in json.loads(path.read_text()).values():
+            yield page, output
+
+
+def output_texts() -> dict:
+    """The texts of the tables and figures the English build's cells show or glue that need a translation (a table's
+    cells, a figure's titles, labels, legends and tick labels), each with the pages it appears on: glue.po
+    translates them for the Chinese edition (book/_ext/i18n_glue.py, book/_ext/i18n_figures.py)."""
+    texts = {}
+
+    def add(found, where):
+        for text in found:
+            if where not in texts.setdefault(text, []):
+                texts[text].append(where)
+
+    for page, output in _executed_outputs():
+        for key, html in (output.get("data") or {}).items():
+            if key.endswith("text/html") and html:
+                add(table_texts("".join(html) if isinstance(html, list) else html), f"{page} (table)")
+        figure = figure_output(output)
+        if figure:
+            add(figure["texts"], f"{page} (figure)")
+    return texts
+
+
+def figures_without_chinese() -> list[str]:
+    """The executed pages' figures that have no Chinese drawing: executed by a kernel without
+    book/_ext/i18n_figures.py's formatter (IPYTHONDIR not set as make sets it)."""
+    found = {}
+    for page, output in _executed_outputs():
+        figure = figure_output(output)
+        if figure is not None and not figure["chinese"]:
+            found[page] = found.get(page, 0) + 1
+    return [f"{page}: {count} figure(s)" for page, count in found.items()]
 
 
 def _update_glue_catalog(texts: dict) -> None:
@@ -282,6 +356,15 @@ def stage_catalogs() -> Path:
     return staged
 
 
+def check_figures() -> None:
+    """Stop when an executed page's figure has no Chinese drawing: the Chinese edition would show the English one."""
+    missing = figures_without_chinese()
+    if missing:
+        raise SystemExit("figures executed without their Chinese drawing (book/_ext/i18n_figures.py; make book "
+                         "sets IPYTHONDIR so that the kernels draw it; re-execute these pages, e.g. make book-all "
+                         "after removing _build/.jupyter_cache):\n" + "\n".join(missing))
+
+
 def chinese_title() -> str:
     """The book's title in the Chinese edition (intro.po's translation of it)."""
     from babel.messages.pofile import read_po
@@ -304,6 +387,7 @@ def chinese_options() -> list[str]:
 
 def build() -> None:
     """The Chinese edition into ``_build/html/zh``, warnings as errors, reusing the English build's executed cells."""
+    check_figures()
     _sphinx("html", HTML_ZH, BUILD / "doctrees-zh", "-q", *chinese_options(), warnings_as_errors=True)
 
 

@@ -16,6 +16,11 @@ The labels of the mermaid diagrams are short texts too, and go through the same 
 each quoted label of its source (a node's ``["..."]`` or an edge's ``|"..."|``) that has words in it is replaced by
 its translation, so the Chinese edition's diagrams are drawn with Chinese labels. ``tools/i18n.py update`` lists the
 labels in glue.po (``diagram_labels``); a label with no translation is a build warning, as a glued text is.
+
+The tables a cell shows or glues (pandas' HTML) go through it too: each string of a table cell with words in it
+(a header, "solved", a model's source) is replaced by its translation (``TranslateTables``), so a Chinese page's
+tables speak Chinese while every number stays the English build's. ``tools/i18n.py update`` lists the cells' texts
+(``table_texts``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import re
 from ast import literal_eval
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.application import Sphinx
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -147,7 +154,53 @@ def _translate_diagrams(app: Sphinx, doctree, docname: str) -> None:
         node["code"] = LABEL.sub(label, node["code"])
 
 
+def table_texts(html: str) -> list[str]:
+    """The texts of the cells of an HTML output's tables (pandas' DataFrame or Styler) that need a translation: each
+    string of a cell (a cell may hold a link or markup around its text), stripped, with a word in it."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    return [text.strip() for table in soup.find_all("table") for cell in table.find_all(["th", "td"])
+            for text in cell.find_all(string=True) if has_words(text.strip())]
+
+
+class TranslateTables(SphinxPostTransform):
+    """The Chinese edition's tables: each cell's words from glue.po (numbers carried over as in glued text), in every
+    HTML output that holds a table. Before the LaTeX builder turns those outputs into tables (latex_edition.py)."""
+
+    default_priority = 800
+
+    def run(self, **kwargs) -> None:
+        app = self.app
+        if not app.config.language or app.config.language.startswith("en"):
+            return
+        outputs = [node for node in self.document.findall(nodes.raw)
+                   if "html" in node.get("format", "").split() and "<table" in node.astext()]
+        if not outputs:
+            return
+        from bs4 import BeautifulSoup
+
+        translations = _load(app)
+        for node in outputs:
+            soup = BeautifulSoup(node.astext(), "html.parser")
+            for table in soup.find_all("table"):
+                for cell in table.find_all(["th", "td"]):
+                    for text in cell.find_all(string=True):
+                        english = text.strip()
+                        if not has_words(english):
+                            continue
+                        chinese = translate(english, translations)
+                        if chinese is None:
+                            logger.warning(f"table text {english!r} has no translation in glue.po; run python "
+                                           "tools/i18n.py update and translate it", location=node)
+                            continue
+                        text.replace_with(text.replace(english, chinese))
+            html = str(soup)
+            node.replace_self(nodes.raw(html, html, format=node["format"], classes=node["classes"]))
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("builder-inited", _install)
     app.connect("doctree-resolved", _translate_diagrams)
+    app.add_post_transform(TranslateTables)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

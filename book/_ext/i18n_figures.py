@@ -1,0 +1,223 @@
+"""The Chinese edition's figures: each matplotlib figure is drawn a second time, with its words in Chinese, when the
+English build executes the page; the Chinese build shows that drawing.
+
+Both sides live here.
+
+- In the kernel (``install``, run at kernel start by an IPython startup file, ``write_startup``): a display
+  formatter for the MIME type ``MIME`` draws every figure the page shows or glues once more, its texts that have
+  words (titles, axis labels, legends, annotations, categorical tick labels) replaced by their translations in
+  ``glue.po`` (``i18n_glue.translate``: numbers carried over), with Noto Sans CJK SC as the fallback font. Every
+  number the figure draws, and the data, stay the English drawing's. The output's metadata lists the figure's texts
+  (``tools/i18n.py update`` puts them in glue.po) and those with no translation yet.
+- In the Chinese build (``setup``, a Sphinx extension): that MIME type comes first, and myst-nb renders it as the
+  PNG it is. A figure drawn with a text that had no translation is a build warning (an error with ``-W``), and
+  ``tools/i18n.py build`` stops on a figure with no Chinese drawing (a page executed without the startup file).
+  The English build never selects it.
+
+``make book`` and ``make test`` set ``IPYTHONDIR`` to ``_build/ipython`` and write the startup file there (the
+root conftest.py does the same for a bare ``pytest``), so the kernels that execute the pages load it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+MIME = "application/vnd.mha.zh-figure+png"
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+GLUE_PO = ROOT / "book" / "locales" / "zh_CN" / "LC_MESSAGES" / "glue.po"
+CJK_FONT = "Noto Sans CJK SC"
+IPYTHONDIR = ROOT / "_build" / "ipython"
+STARTUP = f"""# Written by book/_ext/i18n_figures.py: the Chinese drawing of every figure (the book's Chinese edition).
+import sys
+sys.path.insert(0, {str(HERE)!r})
+import i18n_figures
+i18n_figures.install(get_ipython())
+"""
+
+
+# ------------------------------------------------------------------------------------------------ kernel side
+def _translations() -> dict:
+    from babel.messages.pofile import read_po
+
+    if not GLUE_PO.exists():
+        return {}
+    with open(GLUE_PO, "rb") as f:
+        return {m.id: m.string for m in read_po(f) if m.id and m.string and not m.context}
+
+
+def _worded(text: str) -> bool:
+    from i18n_glue import has_words
+
+    return has_words(text, markdown=True)  # words outside $math$: "$d_k$" alone is drawn as it is
+
+
+def chinese_drawing(fig, png_formatter, translations: dict):
+    """(base64 PNG, metadata) of ``fig`` drawn with its worded texts translated (a figure with none is drawn as it
+    is: every figure has its Chinese drawing, so that a missing one means a kernel without the formatter). The figure
+    is left as it was."""
+    import matplotlib
+    from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FixedLocator
+
+    from i18n_glue import translate
+
+    fig.canvas.draw()  # tick labels exist only once drawn
+    texts, missing, swapped, axes_saved = [], [], [], []
+
+    def chinese(english: str) -> str:
+        if english not in texts:
+            texts.append(english)
+        found = translate(english, translations)
+        if found is None:
+            if english not in missing:
+                missing.append(english)
+            return english
+        return found
+
+    for ax in fig.axes:  # tick labels: a fixed formatter for this drawing (drawing recomputes them)
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [label.get_text() for label in axis.get_ticklabels()]
+            if any(_worded(label) for label in labels):
+                axes_saved.append((axis, axis.get_major_locator(), axis.get_major_formatter()))
+                axis.set_major_locator(FixedLocator(axis.get_ticklocs()))
+                axis.set_major_formatter(FixedFormatter([chinese(lab) if _worded(lab) else lab for lab in labels]))
+    tick_labels = {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis) for label in axis.get_ticklabels()}
+    for text in fig.findobj(Text):
+        english = text.get_text()
+        if id(text) not in tick_labels and text.get_visible() and _worded(english):
+            swapped.append((text, english))
+            text.set_text(chinese(english))
+    # Font fallback goes along a text's own list of families ("sans-serif" alone resolves to its first font)
+    families = [(text, text.get_fontfamily()) for text in fig.findobj(Text)]
+    for text, family in families:
+        text.set_fontfamily([*family, CJK_FONT])
+    try:
+        with matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]}):
+            data = png_formatter(fig)
+    finally:
+        _restore(swapped, axes_saved, families)
+    if data is None:
+        return None
+    if isinstance(data, bytes):
+        data = base64.b64encode(data).decode("ascii")
+    return data, {"texts": texts, "untranslated": missing}
+
+
+def _restore(swapped, axes_saved, families) -> None:
+    for text, english in swapped:
+        text.set_text(english)
+    for text, family in families:
+        text.set_fontfamily(family)
+    for axis, locator, formatter in axes_saved:
+        axis.set_major_locator(locator)
+        axis.set_major_formatter(formatter)
+
+
+def install(shell) -> None:
+    """Register the Chinese drawing of matplotlib figures as a display format of this IPython shell (nothing where
+    the book's tools are not installed: Sphinx, babel; then tools/i18n.py build says which pages lack the drawing)."""
+    if shell is None:
+        return
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    try:
+        import i18n_glue  # noqa: F401 - translate and has_words, with Sphinx
+        from IPython.core.formatters import BaseFormatter
+        from traitlets import Unicode
+
+        translations = _translations()
+    except ImportError:
+        return
+    formatters = shell.display_formatter.formatters
+
+    class ChineseFigureFormatter(BaseFormatter):
+        """Not by type registration: matplotlib's inline backend removes every formatter's Figure printer when it
+        is first configured (``select_figure_formats``), after this startup file ran. An error here is the cell's
+        error, not a warning lost in the output."""
+
+        format_type = Unicode(MIME)
+        _return_type = (str, bytes)
+
+        def __call__(self, obj):
+            figure = sys.modules.get("matplotlib.figure")
+            if not self.enabled or figure is None or not isinstance(obj, figure.Figure):
+                return None
+            return chinese_drawing(obj, formatters["image/png"], translations)
+
+    formatters[MIME] = ChineseFigureFormatter(parent=shell.display_formatter)
+    if MIME not in shell.display_formatter.active_types:  # the formats computed for a display (set at start)
+        shell.display_formatter.active_types.append(MIME)
+
+
+def write_startup(ipython_dir: Path = IPYTHONDIR) -> Path:
+    """The IPython startup file that installs the formatter, under ``ipython_dir``; its path."""
+    startup = Path(ipython_dir) / "profile_default" / "startup" / "50-mha-chinese-figures.py"
+    startup.parent.mkdir(parents=True, exist_ok=True)
+    if not startup.exists() or startup.read_text() != STARTUP:
+        startup.write_text(STARTUP)
+    return startup
+
+
+def figure_output(output: dict) -> dict | None:
+    """For a notebook output that shows a matplotlib figure (its text/plain is "<Figure size ...>"), plain or glued:
+    ``{"chinese": whether it has the Chinese drawing, "texts": its worded texts, "untranslated": those glue.po
+    lacked}``; None for any other output."""
+    data, metadata = output.get("data") or {}, output.get("metadata") or {}
+    for prefix in ("", "application/papermill.record/"):
+        plain = data.get(prefix + "text/plain")
+        plain = "".join(plain) if isinstance(plain, list) else plain
+        if plain and plain.startswith("<Figure size"):
+            found = metadata.get(prefix + MIME) or {}
+            return {"chinese": prefix + MIME in data, "texts": found.get("texts", []),
+                    "untranslated": found.get("untranslated", [])}
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ build side
+def _configure(app, config) -> None:
+    if config.language and not config.language.startswith("en"):
+        config.nb_mime_priority_overrides = [*config.nb_mime_priority_overrides, ("html", MIME, 1),
+                                             ("latex", MIME, 1)]
+
+
+def _install_renderer(app) -> None:
+    if not app.config.language or app.config.language.startswith("en"):
+        return
+    from myst_nb.core.render import NbElementRenderer
+    from sphinx.util import logging
+
+    logger = logging.getLogger(__name__)
+    if getattr(NbElementRenderer, "_mha_chinese_figures", False):
+        return
+    block, inline = NbElementRenderer.render_mime_type, NbElementRenderer.render_mime_type_inline
+
+    def chinese(render):
+        def render_mime(self, data):
+            if data.mime_type == MIME:
+                missing = (data.output_metadata.get(MIME) or {}).get("untranslated") or []
+                if missing:
+                    logger.warning(f"figure texts with no translation in glue.po: {missing}; run python "
+                                   "tools/i18n.py update and translate them", location=(self.current_node.source,
+                                                                                       data.line))
+                return render(self, dataclasses.replace(data, mime_type="image/png"))
+            return render(self, data)
+        return render_mime
+
+    NbElementRenderer.render_mime_type = chinese(block)
+    NbElementRenderer.render_mime_type_inline = chinese(inline)
+    NbElementRenderer._mha_chinese_figures = True
+
+
+def setup(app) -> dict:
+    app.connect("config-inited", _configure)
+    app.connect("builder-inited", _install_renderer)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # python book/_ext/i18n_figures.py [IPYTHONDIR]: write the startup file
+    print(write_startup(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(os.environ.get("IPYTHONDIR", IPYTHONDIR))))

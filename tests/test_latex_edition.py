@@ -1,0 +1,50 @@
+"""The PDF editions' print layout (book/_ext/latex_edition.py): pandas' HTML tables become docutils tables, checked
+against the DataFrame pandas rendered them from."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sphinx", reason="Sphinx is not installed (the book extra brings it)")
+pd = pytest.importorskip("pandas")
+from docutils import nodes  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+from latex_edition import html_table  # noqa: E402
+
+
+def _grid(container):
+    table = container.next_node(nodes.table)
+    group = table.next_node(nodes.tgroup)
+    head = [[(e.astext(), e.get("morecols", 0), e.get("morerows", 0)) for e in row.findall(nodes.entry)]
+            for row in (group.next_node(nodes.thead) or nodes.thead()).findall(nodes.row)]
+    body = [[e.astext() for e in row.findall(nodes.entry)] for row in group.next_node(nodes.tbody).findall(nodes.row)]
+    return group["cols"], head, body
+
+
+@pytest.mark.parametrize("styled", [False, True])
+def test_a_dataframe_with_merged_headers_keeps_every_cell(styled):
+    df = pd.DataFrame([[1, 2.5, "a"], [3, 4.5, "b"]], index=pd.Index(["r1", "r2"], name="run"),
+                      columns=pd.MultiIndex.from_tuples([("x", "p"), ("x", "q"), ("y", "r")]))
+    html = df.style.format(precision=1).to_html() if styled else df.to_html()
+    cols, head, body = _grid(html_table(html))
+    assert cols == 1 + df.shape[1]  # the index and the three columns
+    assert [row[1:] for row in body] == [[f"{v:.1f}" if isinstance(v, float) else str(v) for v in values]
+                                         for values in df.itertuples(index=False)]
+    assert [row[0] for row in body] == list(df.index)
+    merged = [cell for row in head for cell in row if cell[0] == "x"]
+    assert merged and merged[0][1] == 1, f"the 'x' header should span two columns, got {head}"
+
+
+def test_a_table_with_row_spans_places_the_next_cells_after_them():
+    df = pd.DataFrame({"v": [1, 2, 3]}, index=pd.MultiIndex.from_tuples([("a", 1), ("a", 2), ("b", 1)]))
+    cols, head, body = _grid(html_table(df.to_html()))
+    assert cols == 3
+    assert body[0] == ["a", "1", "1"] and body[1] == ["2", "2"] and body[2] == ["b", "1", "3"]
+
+
+def test_html_without_a_table_gives_none():
+    assert html_table("<div><select name='head'></select></div>") is None
