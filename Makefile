@@ -60,6 +60,7 @@ install: $(VENV)/.installed node_modules/.installed
 # _build/html/zh from the same executed cells and the catalogs in book/locales/zh_CN (tools/i18n.py).
 book: install
 	$(BIN)/python book/_ext/i18n_figures.py
+	$(BIN)/python tools/i18n.py refresh-figures
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	$(BIN)/python tools/i18n.py build
 

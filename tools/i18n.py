@@ -8,6 +8,7 @@ Usage (from the repository root; ``make book`` runs ``build``, ``make translatio
     python tools/i18n.py build     # the Chinese edition -> _build/html/zh (reuses the English build's executed cells)
     python tools/i18n.py check     # every message translated, none fuzzy, no catalog out of date (exit 1 otherwise)
     python tools/i18n.py lint [PO...]  # every translation keeps its English's math, code, glue keys and link targets
+    python tools/i18n.py refresh-figures  # pages whose figures were drawn with older translations: executed again
 
 One catalog per page. Only prose is translated (paragraphs, headings, captions, admonitions, exercises, solutions);
 code cells, their outputs, math and glued values are the English build's, so a Chinese page shows the same computed
@@ -17,7 +18,8 @@ filled with themselves by ``update``. In a translation, a glue role must name it
 only that form finds the glued value. ``update`` rewrites every glue role of a translation into that form (with
 ``:s``, myst-nb's default, where the author gave no format). Glued *text* (a word or phrase chosen by the data) is
 translated through ``book/locales/zh_CN/LC_MESSAGES/glue.po`` (``book/_ext/i18n_glue.py``), which ``update`` keeps
-in step with the values the English build glued, the diagrams' labels and the words of the tables cells print.
+in step with the values the English build glued, the diagrams' labels, the words of the tables cells print and the
+texts of the figures (drawn in Chinese as each page executes: ``book/_ext/i18n_figures.py``).
 """
 
 from __future__ import annotations
@@ -228,7 +230,10 @@ def _executed_outputs():
     if CACHE.is_dir():
         cache = get_cache(str(CACHE))
         for record in cache.list_cache_records():
-            page = Path(record.uri).resolve().relative_to(ROOT).with_suffix("").as_posix()
+            path = Path(record.uri).resolve()
+            if ROOT not in path.parents:
+                continue
+            page = path.relative_to(ROOT).with_suffix("").as_posix()
             if page not in latest or record.created > latest[page].created:
                 latest[page] = record
         for page, record in sorted(latest.items()):
@@ -354,6 +359,41 @@ def stage_catalogs() -> Path:
         raise SystemExit("glued Markdown without a translation in glue.po (run python tools/i18n.py update and "
                          "translate it):\n" + "\n".join(untranslated))
     return staged
+
+
+def stale_figure_pages() -> list[str]:
+    """The pages whose figures were drawn in Chinese with translations glue.po no longer gives (a text translated,
+    or its translation changed, since the page executed)."""
+    from babel.messages.pofile import read_po
+
+    with open(GLUE_CATALOG, "rb") as f:
+        translations = {m.id: m.string for m in read_po(f) if m.id and m.string and not m.context}
+    stale = set()
+    for page, output in _executed_outputs():
+        figure = figure_output(output)
+        if figure and figure["chinese"] and any(translate(text, translations) != figure["drawn"].get(text)
+                                                 for text in figure["texts"]):
+            stale.add(page)
+    return sorted(stale)
+
+
+def refresh_figures() -> list[str]:
+    """Send the pages of :func:`stale_figure_pages` back to execution: their records leave the execution cache and
+    their sources are touched, so that the next build (``make book``) reads and executes them again."""
+    import os
+
+    from jupyter_cache import get_cache
+
+    pages = stale_figure_pages()
+    if pages and CACHE.is_dir():
+        cache = get_cache(str(CACHE))
+        for record in cache.list_cache_records():
+            path = Path(record.uri).resolve()
+            if ROOT in path.parents and path.relative_to(ROOT).with_suffix("").as_posix() in pages:
+                cache.remove_cache(record.pk)
+    for page in pages:
+        os.utime(ROOT / f"{page}.md")
+    return pages
 
 
 def check_figures() -> None:
@@ -511,7 +551,8 @@ def lint(paths=None) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/i18n.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("conf", "extract", "update", "build", "check", "lint"))
+    parser.add_argument("command", choices=("conf", "extract", "update", "build", "check", "lint",
+                                            "refresh-figures"))
     parser.add_argument("catalogs", nargs="*", help="lint: the .po files to check (default: all)")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
@@ -523,6 +564,10 @@ def main(argv=None) -> int:
         update()
     elif args.command == "build":
         build()
+    elif args.command == "refresh-figures":
+        pages = refresh_figures()
+        print(f"to execute again (figures drawn with older translations): {', '.join(pages)}" if pages else
+              "every figure's Chinese drawing matches glue.po")
     elif args.command == "lint":
         found = lint(args.catalogs)
         for line in found:

@@ -8,7 +8,9 @@ Both sides live here.
   words (titles, axis labels, legends, annotations, categorical tick labels) replaced by their translations in
   ``glue.po`` (``i18n_glue.translate``: numbers carried over), with Noto Sans CJK SC as the fallback font. Every
   number the figure draws, and the data, stay the English drawing's. The output's metadata lists the figure's texts
-  (``tools/i18n.py update`` puts them in glue.po) and those with no translation yet.
+  (``tools/i18n.py update`` puts them in glue.po), the Chinese each was drawn with, and those with no translation.
+  A drawing is made when its page executes: after glue.po changes, ``tools/i18n.py refresh-figures`` (run by
+  ``make book``) sends the pages whose drawings no longer match glue.po back to execution.
 - In the Chinese build (``setup``, a Sphinx extension): that MIME type comes first, and myst-nb renders it as the
   PNG it is. A figure drawn with a text that had no translation is a build warning (an error with ``-W``), and
   ``tools/i18n.py build`` stops on a figure with no Chinese drawing (a page executed without the startup file).
@@ -67,7 +69,7 @@ def chinese_drawing(fig, png_formatter, translations: dict):
     from i18n_glue import translate
 
     fig.canvas.draw()  # tick labels exist only once drawn
-    texts, missing, swapped, axes_saved = [], [], [], []
+    texts, missing, drawn, swapped, axes_saved = [], [], {}, [], []
 
     def chinese(english: str) -> str:
         if english not in texts:
@@ -77,6 +79,7 @@ def chinese_drawing(fig, png_formatter, translations: dict):
             if english not in missing:
                 missing.append(english)
             return english
+        drawn[english] = found
         return found
 
     for ax in fig.axes:  # tick labels: a fixed formatter for this drawing (drawing recomputes them)
@@ -105,7 +108,7 @@ def chinese_drawing(fig, png_formatter, translations: dict):
         return None
     if isinstance(data, bytes):
         data = base64.b64encode(data).decode("ascii")
-    return data, {"texts": texts, "untranslated": missing}
+    return data, {"texts": texts, "untranslated": missing, "drawn": drawn}
 
 
 def _restore(swapped, axes_saved, families) -> None:
@@ -166,7 +169,7 @@ def write_startup(ipython_dir: Path = IPYTHONDIR) -> Path:
 def figure_output(output: dict) -> dict | None:
     """For a notebook output that shows a matplotlib figure (its text/plain is "<Figure size ...>"), plain or glued:
     ``{"chinese": whether it has the Chinese drawing, "texts": its worded texts, "untranslated": those glue.po
-    lacked}``; None for any other output."""
+    lacked, "drawn": {English: the Chinese drawn}}``; None for any other output."""
     data, metadata = output.get("data") or {}, output.get("metadata") or {}
     for prefix in ("", "application/papermill.record/"):
         plain = data.get(prefix + "text/plain")
@@ -174,7 +177,7 @@ def figure_output(output: dict) -> dict | None:
         if plain and plain.startswith("<Figure size"):
             found = metadata.get(prefix + MIME) or {}
             return {"chinese": prefix + MIME in data, "texts": found.get("texts", []),
-                    "untranslated": found.get("untranslated", [])}
+                    "untranslated": found.get("untranslated", []), "drawn": found.get("drawn", {})}
     return None
 
 
