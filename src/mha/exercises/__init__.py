@@ -64,6 +64,9 @@ also interrupts ``time.sleep`` (an alarm you set yourself is kept, and fires fir
 thread a watchdog thread raises in yours, which stops Python code but not one long C call (such as ``time.sleep``)
 until that call returns.
 
+Language: ``set_language("zh")`` (or ``MHA_EXERCISES_LANGUAGE=zh``) gives every message in Chinese, the book's Chinese
+edition's; numbers, shapes and code stay as they are (``mha.exercises.language``).
+
 Book: the checked functions are derived in parts I, II and IV; each checker's docstring names its chapter, and the
 appendix 'Check your own implementation' lists them all.
 
@@ -87,9 +90,12 @@ from mha.exercises.gradient_checks import check_scaled_dot_product_attention_gra
 from mha.exercises.head_checks import check_merge_heads, check_multi_head_attention, check_repeat_kv, check_split_heads
 from mha.exercises.latent_checks import check_latent_decode_step
 from mha.exercises.gate_checks import check_gated_attention
+from mha.exercises.language import get_language, set_language
 from mha.exercises.runner import ATOL, RTOL, TIMEOUT, ExerciseError, ExerciseTimeout  # noqa: F401 (tolerances)
 
 __all__ = [
+    "set_language",
+    "get_language",
     "ExerciseError",
     "ExerciseTimeout",
     "TIMEOUT",

@@ -12,8 +12,9 @@ import numpy as np
 
 from mha import reference
 from mha.exercises.catalogue import EQ_DQ_DK, EQ_DV_DA, EQ_SOFTMAX_VJP, KNOWN_BUGS
-from mha.exercises.runner import (TIMEOUT, Case, ExerciseError, Output, mask_and_scale, public_checker,
-                                  row_with_no_key, run_cases, shapes_of, transposed)
+from mha.exercises.language import case_name, tr
+from mha.exercises.runner import (TIMEOUT, Case, ExerciseError, Output, known_bug_text, mask_and_scale,
+                                  public_checker, row_with_no_key, run_cases, shapes_of, transposed)
 from mha.exercises.simulators import sdpa_grad_variants, softmax_backward_variants
 
 
@@ -125,11 +126,14 @@ def _check_tiled(fn, outputs, timeout) -> None:
     if peaks[-1] >= TILED_BUDGET * matrix:
         known = KNOWN_BUGS["full_score_matrix"]
         raise ExerciseError(
-            f"{checker}: case '{name}': the call allocated up to {peaks[-1] / 2**20:.1f} MiB at once, at least "
-            f"{TILED_BUDGET:.0%} of one {length} x {length} float64 matrix ({matrix / 2**20:.0f} MiB).\n"
-            f"This matches a known bug: {known.description}.\nHint: {known.hint}\n"
-            f"Where to look: Eq. {known.equation.label} ({known.equation.chapter}).", checker, name,
-            "full_score_matrix")
+            tr("{checker}: case '{case}': the call allocated up to {peak} MiB at once, at least {budget} of one "
+               "{length} x {length} float64 matrix ({matrix} MiB).\n").format(
+                checker=checker, case=case_name(name), peak=f"{peaks[-1] / 2**20:.1f}", budget=f"{TILED_BUDGET:.0%}",
+                length=length, matrix=f"{matrix / 2**20:.0f}")
+            + known_bug_text("full_score_matrix") + "\n"
+            + tr("Where to look: Eq. {label} ({chapter}).").format(label=known.equation.label,
+                                                                   chapter=tr(known.equation.chapter)),
+            checker, name, "full_score_matrix")
 
 
 @public_checker

@@ -22,6 +22,7 @@ import numpy as np
 
 from mha._checks import check_choice
 from mha.exercises.catalogue import ERROR_HINTS, KNOWN_BUGS, Equation
+from mha.exercises.language import case_name, tr
 from mha.exercises.timelimit import TimedOut, TimeLimit, check_timeout
 
 RTOL = 1e-5  # relative tolerance of every comparison (float64 reference; float32 arithmetic would mostly pass too)
@@ -186,9 +187,10 @@ def _show(name: str, expected: np.ndarray, actual) -> str:
     if actual is None:
         return ""
     if actual.shape != expected.shape:
-        return f"    expected {name} of shape {expected.shape}, got shape {actual.shape}\n"
+        return tr("    expected {name} of shape {expected}, got shape {actual}\n").format(
+            name=name, expected=expected.shape, actual=actual.shape)
     if expected.ndim == 0:
-        return f"    expected {name} = {expected}, got {actual}\n"
+        return tr("    expected {name} = {expected}, got {actual}\n").format(name=name, expected=expected, actual=actual)
     if expected.dtype == np.bool_ or actual.dtype == np.bool_:
         diff = (actual != expected).astype(np.float64)
     else:
@@ -201,15 +203,27 @@ def _show(name: str, expected: np.ndarray, actual) -> str:
     start = max(0, min(col - 2, width - 5))
     stop = min(width, start + 5)
     label = f"{name}[{_fmt_index(row)}{',' if row else ''}{start}:{stop}]"
-    return (f"    expected {label} = {_fmt_values(expected[row][start:stop])}\n"
-            f"    got      {label} = {_fmt_values(actual[row][start:stop])}\n")
+    return tr("    expected {label} = {expected}\n    got      {label} = {actual}\n").format(
+        label=label, expected=_fmt_values(expected[row][start:stop]), actual=_fmt_values(actual[row][start:stop]))
+
+
+def known_bug_text(bug: str, where: str = "") -> str:
+    """"This matches a known bug: <what it computes><where>.\nHint: <hint>", in the current language."""
+    known = KNOWN_BUGS[bug]
+    return tr("This matches a known bug: {description}{where}.\nHint: {hint}").format(
+        description=tr(known.description), where=where, hint=tr(known.hint))
+
+
+def equation_text(equation: Equation) -> str:
+    """"book Eq. <label>, <chapter>", in the current language."""
+    return tr("book Eq. {label}, {chapter}").format(label=equation.label, chapter=tr(equation.chapter))
 
 
 def _describe_bug(bug: str, equation: Equation) -> str:
     known = KNOWN_BUGS[bug]
-    where = "" if known.equation in (None, equation) else (
-        f" (book Eq. {known.equation.label}, {known.equation.chapter})")
-    return f"This matches a known bug: {known.description}{where}.\nHint: {known.hint}"
+    where = "" if known.equation in (None, equation) else tr(" ({equation})").format(
+        equation=equation_text(known.equation))
+    return known_bug_text(bug, where)
 
 
 def _diagnose(case: Case, actual: tuple) -> str | None:
@@ -246,8 +260,8 @@ def _swapped_order(case: Case, actual: tuple) -> tuple | None:
 
 
 def _header(checker: str, case: Case, backend: str) -> str:
-    inputs = " (inputs: torch float64 tensors)" if backend == "torch" else ""
-    return f"{checker}: case '{case.name}'{inputs}"
+    inputs = tr(" (inputs: torch float64 tensors)") if backend == "torch" else ""
+    return tr("{checker}: case '{case}'{inputs}").format(checker=checker, case=case_name(case.name), inputs=inputs)
 
 
 def _exception_text(exc) -> str:
@@ -261,23 +275,23 @@ def _exception_message(checker, case, backend, excs) -> tuple[str, str | None]:
         excs = excs[:1]
         raised = _exception_text(excs[0][0])
     else:
-        raised = "; and ".join(f"{where}{' ' if where else ''}{_exception_text(exc)}" for exc, where in excs)
-    message = f"{_header(checker, case, backend)}: your function raised {raised}\n"
+        raised = tr("; and ").join(f"{tr(where)}{' ' if where else ''}{_exception_text(exc)}" for exc, where in excs)
+    message = tr("{header}: your function raised {raised}\n").format(header=_header(checker, case, backend),
+                                                                    raised=raised)
     if any(isinstance(exc, NotImplementedError) for exc, _ in excs):
-        return message + "Hint: replace the stub's `raise NotImplementedError` with your code.", None
+        return message + tr("Hint: replace the stub's `raise NotImplementedError` with your code."), None
     for exc, _ in reversed(excs):  # with both backends tried, the torch error (last) is usually the telling one
         for fragment, hint in ERROR_HINTS:
             if fragment in str(exc):
                 if hint in KNOWN_BUGS:
-                    return message + f"This matches a known bug: {KNOWN_BUGS[hint].description}.\n" \
-                                     f"Hint: {KNOWN_BUGS[hint].hint}", hint
-                message += f"Hint: {hint}\n"
+                    return message + known_bug_text(hint), hint
+                message += tr("Hint: {hint}\n").format(hint=tr(hint))
                 break
         else:
             continue
         break
     if case.note:
-        message += f"About this case: {case.note}"
+        message += tr("About this case: {note}").format(note=tr(case.note))
     return message.rstrip("\n"), None
 
 
@@ -286,21 +300,24 @@ def _unpack(checker, case, backend, outputs, result) -> tuple:
     names = ", ".join(o.name for o in outputs)
     if n == 1:
         if isinstance(result, (tuple, list)):
-            raise ExerciseError(f"{_header(checker, case, backend)}: your function returned a {type(result).__name__} "
-                                f"of {len(result)} values; expected one array, {names}", checker, case.name)
+            raise ExerciseError(tr("{header}: your function returned a {kind} of {n} values; expected one array, "
+                                   "{names}").format(header=_header(checker, case, backend),
+                                                     kind=type(result).__name__, n=len(result), names=names),
+                                checker, case.name)
         values = (result,)
     else:
         if not isinstance(result, (tuple, list)) or len(result) != n:
-            got = (f"a {type(result).__name__} of {len(result)} values" if isinstance(result, (tuple, list))
-                   else f"one {type(result).__name__}")
-            raise ExerciseError(f"{_header(checker, case, backend)}: your function returned {got}; expected a tuple "
-                                f"of {n} arrays ({names})", checker, case.name)
+            got = (tr("a {kind} of {n} values").format(kind=type(result).__name__, n=len(result))
+                   if isinstance(result, (tuple, list)) else tr("one {kind}").format(kind=type(result).__name__))
+            raise ExerciseError(tr("{header}: your function returned {got}; expected a tuple of {n} arrays "
+                                   "({names})").format(header=_header(checker, case, backend), got=got, n=n,
+                                                       names=names), checker, case.name)
         values = tuple(result)
     arrays = tuple(to_numpy(v) for v in values)
     for spec, value, arr in zip(outputs, values, arrays):
         if arr is None:
-            raise ExerciseError(f"{_header(checker, case, backend)}: {spec.name} is a {type(value).__name__}, not an "
-                                f"array of numbers", checker, case.name)
+            raise ExerciseError(tr("{header}: {name} is a {kind}, not an array of numbers").format(
+                header=_header(checker, case, backend), name=spec.name, kind=type(value).__name__), checker, case.name)
     return arrays
 
 
@@ -329,10 +346,9 @@ def run_cases(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cas
         changed = [name for name, passed, pristine in zip(names, args, case.args) if not _unchanged(passed, pristine)]
         changed += [name for name, value in case.kwargs.items() if not _unchanged(kwargs[name], value)]
         if changed:
-            known = KNOWN_BUGS["modifies_input"]
-            raise ExerciseError(f"{_header(checker, case, backend)}: after the call, {', '.join(changed)} no longer "
-                                f"held what was passed in.\nThis matches a known bug: {known.description}.\n"
-                                f"Hint: {known.hint}", checker, case.name, "modifies_input")
+            raise ExerciseError(tr("{header}: after the call, {names} no longer held what was passed in.\n").format(
+                header=_header(checker, case, backend), names=", ".join(changed)) + known_bug_text("modifies_input"),
+                checker, case.name, "modifies_input")
         actual = _unpack(checker, case, backend, outputs, result)
         wrong = [i for i, (a, e) in enumerate(zip(actual, case.expected)) if not _same(a, e)]
         if wrong:
@@ -344,26 +360,28 @@ def run_cases(checker: str, fn, backend: str, inputs: tuple, outputs: tuple, cas
 def _mismatch_message(checker, case, backend, outputs, actual, wrong, bug) -> str:
     first = wrong[0]
     spec, expected, got = outputs[first], case.expected[first], actual[first]
-    lines = f"{_header(checker, case, backend)}: {spec.name} differs from {spec.formula} " \
-            f"(book Eq. {spec.equation.label}, {spec.equation.chapter}).\n"
+    lines = tr("{header}: {name} differs from {formula} ({equation}).\n").format(
+        header=_header(checker, case, backend), name=spec.name, formula=tr(spec.formula),
+        equation=equation_text(spec.equation))
     lines += _show(spec.name, expected, got)
     if len(outputs) > 1:
         right = [o.name for i, o in enumerate(outputs) if i not in wrong]
         also = [o.name for i, o in enumerate(outputs) if i in wrong[1:]]
-        parts = ([f"also wrong: {', '.join(also)}"] if also else []) + ([f"right: {', '.join(right)}"] if right else [])
+        parts = ([tr("also wrong: {names}").format(names=", ".join(also))] if also else []) + (
+            [tr("right: {names}").format(names=", ".join(right))] if right else [])
         lines += "    (" + "; ".join(parts) + ")\n"
     if bug == "outputs_swapped":
         order = _swapped_order(case, actual)
-        lines += (f"    (your function returned ({', '.join(outputs[j].name for j in order)}) instead of "
-                  f"({', '.join(o.name for o in outputs)}))\n")
+        lines += tr("    (your function returned ({returned}) instead of ({expected}))\n").format(
+            returned=", ".join(outputs[j].name for j in order), expected=", ".join(o.name for o in outputs))
     if bug is not None:
         return lines + _describe_bug(bug, spec.equation)
-    lines += "This matches none of the known bugs this checker simulates."
+    lines += tr("This matches none of the known bugs this checker simulates.")
     if got is not None and got.dtype != np.bool_ and got.shape == expected.shape and not np.all(np.isfinite(got)):
-        lines += (f" Your {spec.name} contains NaN or inf: look for exp of a large number (subtract the maximum), "
-                  f"a division by zero (rows with no allowed key), or -inf - (-inf).")
+        lines += tr(" Your {name} contains NaN or inf: look for exp of a large number (subtract the maximum), a "
+                    "division by zero (rows with no allowed key), or -inf - (-inf).").format(name=spec.name)
     if case.note:
-        lines += f"\nAbout this case: {case.note}"
+        lines += "\n" + tr("About this case: {note}").format(note=tr(case.note))
     return lines
 
 
@@ -397,13 +415,14 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the checkers' 
 def _timeout_message(checker, case, backend, timeout, exc) -> str:
     where = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(_PACKAGE)]
     where = [f for f in where if not f.filename.startswith(_LIBRARIES)] or where  # your code, if it is on the stack
-    at = "" if not where else f" at {where[-1].filename}, line {where[-1].lineno}" + (
+    at = "" if not where else tr(" at {file}, line {line}").format(file=where[-1].filename, line=where[-1].lineno) + (
         f" (`{where[-1].line}`)" if where[-1].line else "")
-    return (f"{_header(checker, case, backend)}: your function did not return within {timeout:g} s, so the checker "
-            f"stopped it{at}.\nHint: look for an infinite loop (a while loop whose condition never turns false, a "
-            f"counter that is never incremented) or a very slow loop over single elements; these cases hold a few "
-            f"dozen numbers, so a correct function returns in well under a second. To wait longer, pass "
-            f"timeout=<seconds> (timeout=None: no limit).")
+    return tr("{header}: your function did not return within {timeout} s, so the checker stopped it{at}.\nHint: "
+              "look for an infinite loop (a while loop whose condition never turns false, a counter that is never "
+              "incremented) or a very slow loop over single elements; these cases hold a few dozen numbers, so a "
+              "correct function returns in well under a second. To wait longer, pass timeout=<seconds> "
+              "(timeout=None: no limit).").format(header=_header(checker, case, backend), timeout=f"{timeout:g}",
+                                                  at=at)
 
 
 def _call(checker, case, backend, fn, args, kwargs, timeout):
