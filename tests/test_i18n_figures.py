@@ -54,7 +54,7 @@ def test_the_drawing_shows_the_translations_and_the_figure_is_left_as_it_was():
     for chinese in ("一个头", "两个头", "损失（奈特）", "第 7 步时", "$d_k$", "not in the catalog"):
         assert chinese in seen["texts"], f"{chinese!r} not drawn; drawn: {seen['texts']}"
     assert not {"one head", "two heads", "loss (nats)", "at step 7"} & set(seen["texts"])
-    assert all(family[-1] == i18n_figures.CJK_FONT for family in seen["families"])
+    assert all(i18n_figures.CJK_FONT in family for family in seen["families"])
     assert sorted(metadata["texts"]) == sorted({"one head", "two heads", "loss (nats)", "at step 7",
                                                 "not in the catalog"})
     assert metadata["untranslated"] == ["not in the catalog"]
@@ -90,6 +90,37 @@ def test_figure_output_reads_plain_and_glued_figures():
     prefix = "application/papermill.record/"
     glued = {"data": {prefix + "text/plain": "<Figure size 300x200 with 1 Axes>", prefix + "image/png": "x"},
              "metadata": {}}
-    assert i18n_figures.figure_output(shown) == {"chinese": True, "texts": ["one head"], "untranslated": []}
-    assert i18n_figures.figure_output(glued) == {"chinese": False, "texts": [], "untranslated": []}
+    assert i18n_figures.figure_output(shown) == {"chinese": True, "texts": ["one head"], "untranslated": [],
+                                                 "drawn": {}}
+    assert i18n_figures.figure_output(glued) == {"chinese": False, "texts": [], "untranslated": [], "drawn": {}}
     assert i18n_figures.figure_output({"data": {"text/plain": "3"}}) is None
+
+
+def test_mathtext_labels_and_best_legends():
+    """A label mixing Chinese and $math$ is drawn with no missing glyph (mathtext's plain parts take the CJK font), and
+    a legend placed "best" keeps the place the English drawing gave it."""
+    from matplotlib import font_manager
+
+    if not any(f.name == i18n_figures.CJK_FONT for f in font_manager.fontManager.ttflist):
+        pytest.skip(f"{i18n_figures.CJK_FONT} is not installed (Debian: fonts-noto-cjk)")
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1], [0, 1], label="one head")
+    ax.plot([0, 1], [1, 0], label="two heads")
+    ax.set_xlabel("key $j$")
+    ax.legend()
+    fig.canvas.draw()
+    english_corner = ax.get_legend().get_window_extent().p0
+    seen = {}
+
+    def png(figure):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        seen["corner"] = figure.axes[0].get_legend().get_window_extent().p0
+        return buffer.getvalue()
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Glyph .* missing from font")
+        i18n_figures.chinese_drawing(fig, png, {**TRANSLATIONS, "key $j$": "键 $j$", "one head": "一个头很长很长很长"})
+    assert abs(seen["corner"] - english_corner).max() < 2, (seen["corner"], english_corner)
+    assert ax.get_legend()._loc == 0  # "best" again afterwards
+    plt.close(fig)

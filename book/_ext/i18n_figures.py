@@ -26,6 +26,7 @@ import base64
 import dataclasses
 import os
 import sys
+import warnings
 from pathlib import Path
 
 MIME = "application/vnd.mha.zh-figure+png"
@@ -65,10 +66,17 @@ def chinese_drawing(fig, png_formatter, translations: dict):
     import matplotlib
     from matplotlib.text import Text
     from matplotlib.ticker import FixedFormatter, FixedLocator
+    from matplotlib.transforms import BboxTransformFrom
 
     from i18n_glue import translate
 
     fig.canvas.draw()  # tick labels exist only once drawn
+    # A legend placed "best" would move to dodge the longer or shorter Chinese texts: it stays where English put it
+    # (measured now, before any text changes: measuring places a "best" legend again)
+    legends = [(legend, legend._loc) for legend in _legends(fig) if legend._loc == 0]
+    for legend, _ in legends:  # its lower-left corner, as a fraction of the box it is anchored to
+        corner = legend.get_window_extent()
+        legend._loc = tuple(BboxTransformFrom(legend.get_bbox_to_anchor()).transform((corner.x0, corner.y0)))
     texts, missing, drawn, swapped, axes_saved = [], [], {}, [], []
 
     def chinese(english: str) -> str:
@@ -95,20 +103,32 @@ def chinese_drawing(fig, png_formatter, translations: dict):
         if id(text) not in tick_labels and text.get_visible() and _worded(english):
             swapped.append((text, english))
             text.set_text(chinese(english))
-    # Font fallback goes along a text's own list of families ("sans-serif" alone resolves to its first font)
+    # Font fallback goes along a text's own list of families ("sans-serif" alone resolves to its first font). A text
+    # with $math$ is set by mathtext, whose plain parts take one font only: the CJK font first there (its Latin
+    # letters and digits are fine); the math keeps mathtext's own fonts.
     families = [(text, text.get_fontfamily()) for text in fig.findobj(Text)]
     for text, family in families:
-        text.set_fontfamily([*family, CJK_FONT])
+        text.set_fontfamily([CJK_FONT, *family] if "$" in text.get_text() else [*family, CJK_FONT])
     try:
-        with matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]}):
+        with matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]}), \
+                warnings.catch_warnings():
+            # a glyph no font has would be drawn as a box: an error, not a warning lost in the output
+            warnings.filterwarnings("error", message=r"Glyph .* missing from font")
+            warnings.filterwarnings("error", message=r".*does not have a glyph")
             data = png_formatter(fig)
     finally:
         _restore(swapped, axes_saved, families)
+        for legend, loc in legends:
+            legend._loc = loc
     if data is None:
         return None
     if isinstance(data, bytes):
         data = base64.b64encode(data).decode("ascii")
     return data, {"texts": texts, "untranslated": missing, "drawn": drawn}
+
+
+def _legends(fig) -> list:
+    return [legend for legend in [*(ax.get_legend() for ax in fig.axes), *fig.legends] if legend is not None]
 
 
 def _restore(swapped, axes_saved, families) -> None:

@@ -11,6 +11,11 @@ What print needs that the web pages do not:
   plain-text form is a repr ("<pandas.io.formats.style.Styler at 0x...>"). The LaTeX builder is told to prefer an
   output's HTML (``nb_mime_priority_overrides``), and each HTML table becomes a docutils table (merged header cells
   kept). HTML that holds no table (the interactive attention explorer) becomes a note pointing to the web edition.
+- sphinx-proof's boxes get their translated names in the Chinese edition (定理 1, not "Theorem 1"), and its "Proof
+  Index" of raw labels is left out.
+- A pandas table is a longtable whose columns wrap, in proportion to their text; one pasted by ``{glue:figure}``
+  leaves its figure float (which cannot break across pages), its caption following it; a wide one gets landscape
+  pages.
 - A citation inside a caption is set as plain text ("[Kimi Team, 2025]"): hyperref's \\caption cannot take a
   \\hyperlink in its argument ("Argument of \\Hy@tempa has an extra }").
 - Fonts. Sphinx's default xelatex fonts (GNU FreeFont) are not on a Debian machine with texlive; DejaVu
@@ -48,6 +53,7 @@ BIBLIOGRAPHY = r"""
 \renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
 \makeatother
 \AtBeginDocument{\renewcommand{\bibname}{References}}
+\usepackage{pdflscape}
 """
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
 # names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the ones above (fontset=none).
@@ -65,6 +71,10 @@ def _configure(app: Sphinx, config: Config) -> None:
     config.latex_elements = {**elements, **(config.latex_elements or {})}
     # HTML after LaTeX and images, before Markdown and plain text (myst-nb's latex priorities: 40, 50, 60)
     config.nb_mime_priority_overrides = [*config.nb_mime_priority_overrides, ("latex", "text/html", 45)]
+    config.latex_domain_indices = False  # sphinx-proof's "Proof Index" listed raw labels (bench-rem-pairs)
+
+
+WIDE_COLUMNS = 10
 
 
 def html_table(html: str) -> nodes.container | None:
@@ -101,17 +111,31 @@ def html_table(html: str) -> nodes.container | None:
             c += span_c
         grid_rows.append(entries)
     n_cols = max(c + 1 for (_, c) in taken)
+    # column widths in proportion to their longest text (4 to 40 characters): LaTeX wraps each column's cells
+    longest = [4] * n_cols
+    for entries in grid_rows:
+        c = 0
+        for entry in entries:
+            while c < n_cols and longest[c] < 0:
+                c += 1
+            if c < n_cols and not entry.get("morecols"):
+                longest[c] = max(longest[c], min(40, len(entry.astext())))
+            c += 1 + entry.get("morecols", 0)
     group = nodes.tgroup(cols=n_cols)
-    group += [nodes.colspec(colwidth=1) for _ in range(n_cols)]
+    group += [nodes.colspec(colwidth=width) for width in longest]
     for rows, section in ((grid_rows[:len(head)], nodes.thead()), (grid_rows[len(head):], nodes.tbody())):
         if rows:
             section += [nodes.row("", *entries) for entries in rows]
             group += section
     # columns as wide as their text (tabulary), in a smaller type: pandas tables run to eighteen columns
-    size = r"\scriptsize" if n_cols > 10 else r"\footnotesize"
+    # a table of more than ten columns is set smaller, on a landscape page (PrintLayout): on a portrait page its
+    # columns were cut off at the right edge or its rows ran past the foot of the page
+    wide = n_cols > WIDE_COLUMNS
+    size = r"\scriptsize" if wide else r"\footnotesize"
     return nodes.container("", nodes.raw("", r"\begingroup" + size, format="latex"),
-                           nodes.table("", group, classes=["colwidths-auto"]),
-                           nodes.raw("", r"\endgroup", format="latex"), classes=["output-table"])
+                           nodes.table("", group, classes=["colwidths-given"]),
+                           nodes.raw("", r"\endgroup", format="latex"),
+                           classes=["output-table"] + (["wide-table"] if wide else []))
 
 
 class PrintLayout(SphinxPostTransform):
@@ -131,6 +155,8 @@ class PrintLayout(SphinxPostTransform):
                         or self.config.language.startswith("en") else "交互式图表：请在本页的网页版中查看。")
                 table = nodes.paragraph(note, "", nodes.emphasis(note, note))
             raw.replace_self(table)
+            if isinstance(table, nodes.container):
+                _place_table(table)
         for cell in list(self.document.findall(nodes.container)):
             if "tag_hide-input" in cell["classes"]:
                 for child in [c for c in cell.children if "cell_input" in c.get("classes", [])]:
@@ -152,6 +178,35 @@ class PrintLayout(SphinxPostTransform):
                 raw.rawsource = HYPERLINK.sub("{", raw.rawsource)  # sphinxcontrib-bibtex's citations, written as is
 
 
+def _place_table(block: nodes.container) -> None:
+    """A pandas table in print: a longtable (it breaks across pages) unless it sits in a box. Pasted by
+    ``{glue:figure}``, it was a figure float, which cannot break across pages (a table longer than a page lost its
+    last rows): it takes the figure's place and labels, its caption a paragraph after it. A wide one (``wide-table``)
+    gets landscape pages (pdflscape)."""
+    table = block.next_node(nodes.table)
+    figure = next((a for a in _ancestors(block) if isinstance(a, nodes.figure)), None)
+    outer = block
+    if not any(isinstance(a, (nodes.Admonition, nodes.table)) for a in _ancestors(figure or block)):
+        table["classes"].append("longtable")  # not in a box: it may break across pages
+    if figure is not None:  # the caption follows the table as a paragraph (in longtable's \caption it broke LaTeX)
+        caption = figure.next_node(nodes.caption)
+        after = [nodes.paragraph(caption.rawsource, "", *caption.children)] if caption is not None else []
+        table["ids"] += figure["ids"]
+        table["names"] += figure["names"]
+        legend = figure.next_node(nodes.legend)
+        figure.replace_self([block, *after, *(legend.children if legend is not None else [])])
+    if "wide-table" in block["classes"]:
+        outer.parent.insert(outer.parent.index(outer), nodes.raw("", r"\begin{landscape}", format="latex"))
+        outer.parent.insert(outer.parent.index(outer) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
+
+
+def _ancestors(node: nodes.Node):
+    parent = node.parent
+    while parent is not None:
+        yield parent
+        parent = parent.parent
+
+
 def _inside_admonition(node: nodes.Node) -> bool:
     parent = node.parent
     while parent is not None:
@@ -161,7 +216,32 @@ def _inside_admonition(node: nodes.Node) -> bool:
     return False
 
 
+def _proof_titles(app: Sphinx) -> None:
+    """sphinx-proof writes a LaTeX box's title in English ("Definition 1") where its HTML translates it (定义 1): the
+    LaTeX writer's departure is wrapped to translate it with sphinx-proof's own catalog."""
+    from sphinx.writers.latex import LaTeXTranslator
+    from sphinx_proof import nodes as proof
+
+    def translated(depart):
+        def depart_translated(self, node):
+            depart(self, node)
+            title = node.attributes.get("realtype", "").title()
+            for i in range(len(self.body) - 1, -1, -1):
+                if self.body[i] == title or self.body[i].startswith(title + " "):
+                    self.body[i] = proof._(title) + self.body[i][len(title):]
+                    break
+        return depart_translated
+
+    for node_type in proof.NODE_TYPES.values():
+        app.add_node(node_type, override=True, latex=(proof.visit_enumerable_node,
+                                                      translated(proof.depart_enumerable_node)))
+    app.add_node(proof.unenumerable_node, override=True,
+                 latex=(proof.visit_unenumerable_node, translated(proof.depart_unenumerable_node)))
+    assert LaTeXTranslator  # the writer these functions serve
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _configure)
+    _proof_titles(app)
     app.add_post_transform(PrintLayout)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
