@@ -63,13 +63,14 @@ collect_ignore_glob = ["experiments/*/*/runs/*"]
 # The Chinese edition's figures: every kernel started here (nbval's, the book build's) loads an IPython startup file
 # that draws each figure a second time in Chinese (book/_ext/i18n_figures.py). make sets IPYTHONDIR; a bare pytest
 # gets the same folder.
-os.environ.setdefault("IPYTHONDIR", str(Path(__file__).resolve().parent / "_build" / "ipython"))
-try:
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "book" / "_ext"))
-    import i18n_figures
-finally:
-    sys.path.pop(0)
-i18n_figures.write_startup(Path(os.environ["IPYTHONDIR"]))
+if (Path(__file__).resolve().parent / "book" / "_ext" / "i18n_figures.py").exists():  # not in a test's scratch copy
+    os.environ.setdefault("IPYTHONDIR", str(Path(__file__).resolve().parent / "_build" / "ipython"))
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "book" / "_ext"))
+        import i18n_figures
+    finally:
+        sys.path.pop(0)
+    i18n_figures.write_startup(Path(os.environ["IPYTHONDIR"]))
 
 if HAS_NBVAL:  # everything below needs nbval (and jupytext, jupyter_client); see the imports
     # nbval starts one Jupyter kernel per notebook. With jupyter_client's default TCP transport a kernel manager picks

@@ -124,3 +124,22 @@ def test_mathtext_labels_and_best_legends():
     assert abs(seen["corner"] - english_corner).max() < 2, (seen["corner"], english_corner)
     assert ax.get_legend()._loc == 0  # "best" again afterwards
     plt.close(fig)
+
+
+def test_a_glyph_no_font_has_stops_the_drawing():
+    """A character no font has would be drawn as a box: the drawing raises instead (mathtext logs it, Agg warns)."""
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.set_title("one head")
+    ax.set_xlabel("key $j$")
+
+    def png(figure):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    with pytest.raises((ValueError, UserWarning), match="glyph|Glyph"):
+        i18n_figures.chinese_drawing(fig, png, {"key $j$": "键 $j$ \U0010fffd", "one head": "一个头"})
+    with pytest.raises((ValueError, UserWarning), match="glyph|Glyph"):
+        i18n_figures.chinese_drawing(fig, png, {"key $j$": "键 $j$", "one head": "一个头 \U0010fffd"})
+    assert ax.get_title() == "one head" and ax.get_xlabel() == "key $j$"  # restored after the failure
+    plt.close(fig)

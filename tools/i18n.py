@@ -50,7 +50,7 @@ GLUE_CATALOG = CATALOGS / "glue.po"
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from i18n_figures import figure_output  # noqa: E402 - the Chinese drawing of each figure, made as a page executes
-from i18n_glue import diagram_labels, has_words, table_texts, translate  # noqa: E402 - the build's own rules: which texts, how
+from i18n_glue import checker_messages, diagram_labels, has_words, table_texts, translate  # noqa: E402 - the build's own rules: which texts, how
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
 NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
@@ -195,9 +195,11 @@ def update() -> None:
     texts = glue_texts(glue_values(), messages, glue_values("text/markdown"))
     for label, where in diagram_texts().items():
         texts.setdefault(label, []).extend(where)
+    covered = checker_messages()  # the known bugs' descriptions: translated in mha.exercises.messages_zh
     for text, where in output_texts().items():
-        texts.setdefault(text, []).extend(where)
-    _update_glue_catalog(texts)
+        if text not in covered:
+            texts.setdefault(text, []).extend(where)
+    _update_glue_catalog(texts, drop=set(covered))
 
 
 MERMAID_BLOCK = re.compile(r"^```\{mermaid\}\n(.*?)^```", re.M | re.S)
@@ -284,11 +286,12 @@ def figures_without_chinese() -> list[str]:
     return [f"{page}: {count} figure(s)" for page, count in found.items()]
 
 
-def _update_glue_catalog(texts: dict) -> None:
+def _update_glue_catalog(texts: dict, drop: set = frozenset()) -> None:
     """glue.po holds one entry per glued English text a paragraph pastes. Translations already there are kept even
     when the current build did not paste their text: a value measured at build time (a timing's verdict) may take
     another of its possible texts on another machine, and each of those texts is translated in advance. Entries with
-    a key as context (one sentence's own Chinese for a glued word, book/_ext/i18n_glue.py) are kept as written."""
+    a key as context (one sentence's own Chinese for a glued word, book/_ext/i18n_glue.py) are kept as written. Texts
+    in ``drop`` (those the checkers' own catalog translates) leave it."""
     from babel.messages.catalog import Catalog
     from babel.messages.pofile import read_po, write_po
 
@@ -298,7 +301,7 @@ def _update_glue_catalog(texts: dict) -> None:
             for m in read_po(f):
                 if m.id and m.context:
                     keyed.append(m)  # one key's own translation (book/_ext/i18n_glue.py): kept as written
-                elif m.id:
+                elif m.id and m.id not in drop:
                     old[m.id] = m
     catalog = Catalog(locale=LANGUAGE, project="Multi-Head Attention, Derived: glued text")
     for text in sorted(set(texts) | {t for t, m in old.items() if m.string}):

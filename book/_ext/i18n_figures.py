@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import os
 import sys
 import warnings
@@ -109,14 +110,19 @@ def chinese_drawing(fig, png_formatter, translations: dict):
     families = [(text, text.get_fontfamily()) for text in fig.findobj(Text)]
     for text, family in families:
         text.set_fontfamily([CJK_FONT, *family] if "$" in text.get_text() else [*family, CJK_FONT])
+    mathtext_log, boxes = logging.getLogger("matplotlib.mathtext"), _Collect()
     try:
+        mathtext_log.addHandler(boxes)
         with matplotlib.rc_context({"font.family": [*matplotlib.rcParams["font.family"], CJK_FONT]}), \
                 warnings.catch_warnings():
-            # a glyph no font has would be drawn as a box: an error, not a warning lost in the output
+            # a glyph no font has would be drawn as a box: an error, not a warning lost in the output (Agg warns;
+            # mathtext logs)
             warnings.filterwarnings("error", message=r"Glyph .* missing from font")
-            warnings.filterwarnings("error", message=r".*does not have a glyph")
             data = png_formatter(fig)
+        if boxes.messages:
+            raise ValueError(f"the Chinese drawing of a figure lacks glyphs: {boxes.messages[:3]}")
     finally:
+        mathtext_log.removeHandler(boxes)
         _restore(swapped, axes_saved, families)
         for legend, loc in legends:
             legend._loc = loc
@@ -125,6 +131,18 @@ def chinese_drawing(fig, png_formatter, translations: dict):
     if isinstance(data, bytes):
         data = base64.b64encode(data).decode("ascii")
     return data, {"texts": texts, "untranslated": missing, "drawn": drawn}
+
+
+class _Collect(logging.Handler):
+    """The messages of mathtext's "does not have a glyph" warnings while a drawing is made."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record) -> None:
+        if "does not have a glyph" in record.getMessage():
+            self.messages.append(record.getMessage())
 
 
 def _legends(fig) -> list:

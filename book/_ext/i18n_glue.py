@@ -164,6 +164,15 @@ def table_texts(html: str) -> list[str]:
             for text in cell.find_all(string=True) if has_words(text.strip())]
 
 
+def checker_messages() -> dict:
+    """The known bugs' descriptions in Chinese, from the checkers' own catalog (``mha.exercises.messages_zh``): the
+    exercises appendix's table of known bugs shows them, and they are translated once, there."""
+    from mha.exercises.catalogue import KNOWN_BUGS
+    from mha.exercises.messages_zh import MESSAGES
+
+    return {bug.description: MESSAGES[bug.description] for bug in KNOWN_BUGS.values() if bug.description in MESSAGES}
+
+
 class TranslateTables(SphinxPostTransform):
     """The Chinese edition's tables: each cell's words from glue.po (numbers carried over as in glued text), in every
     HTML output that holds a table. Before the LaTeX builder turns those outputs into tables (latex_edition.py)."""
@@ -180,7 +189,7 @@ class TranslateTables(SphinxPostTransform):
             return
         from bs4 import BeautifulSoup
 
-        translations = _load(app)
+        translations = {**checker_messages(), **_load(app)}
         for node in outputs:
             soup = BeautifulSoup(node.astext(), "html.parser")
             for table in soup.find_all("table"):

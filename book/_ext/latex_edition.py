@@ -11,6 +11,7 @@ What print needs that the web pages do not:
   plain-text form is a repr ("<pandas.io.formats.style.Styler at 0x...>"). The LaTeX builder is told to prefer an
   output's HTML (``nb_mime_priority_overrides``), and each HTML table becomes a docutils table (merged header cells
   kept). HTML that holds no table (the interactive attention explorer) becomes a note pointing to the web edition.
+- The parts of the table of contents are part pages, and the appendices are lettered.
 - sphinx-proof's boxes get their translated names in the Chinese edition (定理 1, not "Theorem 1"), and its "Proof
   Index" of raw labels is left out.
 - A pandas table is a longtable whose columns wrap, in proportion to their text; one pasted by ``{glue:figure}``
@@ -240,8 +241,29 @@ def _proof_titles(app: Sphinx) -> None:
     assert LaTeXTranslator  # the writer these functions serve
 
 
+def _parts(app: Sphinx, doctree) -> None:
+    """The book's parts in print: before each captioned table of contents of the root page (a part of _toc.yml), an
+    unnumbered part page with its caption, already translated in the Chinese edition, and a line in the contents;
+    before the appendices, ``\\appendix`` (their chapters lettered A, B, ...). Sphinx's LaTeX builder drops the
+    captions when it inlines the pages."""
+    from sphinx import addnodes
+    from sphinx.util.texescape import escape
+
+    if app.builder.format != "latex" or app.env.docname != app.config.root_doc:
+        return
+    for toc in list(doctree.findall(addnodes.toctree)):
+        caption = toc.get("caption")
+        if not caption:
+            continue
+        latex = r"\appendix" if any(doc.startswith("book/appendix/") for _, doc in toc["entries"]) else ""
+        title = escape(caption)
+        latex += r"\part*{" + title + r"}\addcontentsline{toc}{part}{" + title + "}"
+        toc.parent.insert(toc.parent.index(toc), nodes.raw("", latex, format="latex"))
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _configure)
+    app.connect("doctree-read", _parts)
     _proof_titles(app)
     app.add_post_transform(PrintLayout)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
