@@ -50,7 +50,8 @@ GLUE_CATALOG = CATALOGS / "glue.po"
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from i18n_figures import figure_output  # noqa: E402 - the Chinese drawing of each figure, made as a page executes
-from i18n_glue import checker_messages, diagram_labels, has_words, table_texts, translate  # noqa: E402 - the build's own rules: which texts, how
+from i18n_glue import (checker_messages, diagram_labels, has_words, table_texts,  # noqa: E402 - the build's own
+                       translate)  # rules: which texts, how
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
 NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
@@ -96,8 +97,9 @@ def _sphinx(builder: str, out: Path, doctrees: Path, *options: str, warnings_as_
 
 
 def extract() -> None:
-    """The English messages of every page into ``_build/i18n-extract/gettext`` (no notebook is executed; book/_ext/i18n_extract.py
-    keeps the captions of glued figures and tables, which myst-nb drops when their value is missing)."""
+    """The English messages of every page into ``_build/i18n-extract/gettext`` (no notebook is executed;
+    book/_ext/i18n_extract.py keeps the captions of glued figures and tables, which myst-nb drops when their value
+    is missing)."""
     _sphinx("gettext", POT_DIR, BUILD / "doctrees-gettext", "-q", "-D", "nb_execution_mode=off",
             extra_extensions=["i18n_extract"])
 

@@ -54,10 +54,11 @@ BIBLIOGRAPHY = r"""
 \renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
 \makeatother
 \AtBeginDocument{\renewcommand{\bibname}{References}}
-\usepackage{pdflscape}
 """
+LANDSCAPE = r"\usepackage{pdflscape}"  # the landscape pages of wide tables
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
-# names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the ones above (fontset=none).
+# names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the
+# ones above (fontset=none).
 CHINESE = r"""
 \usepackage[heading=true,fontset=none]{ctex}
 \AtBeginDocument{\renewcommand{\contentsname}{目录}\renewcommand{\bibname}{参考文献}}
@@ -66,7 +67,8 @@ CHINESE = r"""
 
 def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
-    elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK, "preamble": BIBLIOGRAPHY + (CHINESE if chinese else "")}
+    elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK,
+                "preamble": BIBLIOGRAPHY + LANDSCAPE + (CHINESE if chinese else "")}
     if chinese:
         elements["fncychap"] = ""
     config.latex_elements = {**elements, **(config.latex_elements or {})}
@@ -220,7 +222,6 @@ def _inside_admonition(node: nodes.Node) -> bool:
 def _proof_titles(app: Sphinx) -> None:
     """sphinx-proof writes a LaTeX box's title in English ("Definition 1") where its HTML translates it (定义 1): the
     LaTeX writer's departure is wrapped to translate it with sphinx-proof's own catalog."""
-    from sphinx.writers.latex import LaTeXTranslator
     from sphinx_proof import nodes as proof
 
     def translated(depart):
@@ -238,7 +239,6 @@ def _proof_titles(app: Sphinx) -> None:
                                                       translated(proof.depart_enumerable_node)))
     app.add_node(proof.unenumerable_node, override=True,
                  latex=(proof.visit_unenumerable_node, translated(proof.depart_unenumerable_node)))
-    assert LaTeXTranslator  # the writer these functions serve
 
 
 def _parts(app: Sphinx, doctree) -> None:

@@ -35,6 +35,7 @@ ASSETS = [
     ("mathjax", "es5/sre", "mathjax/sre"),  # speech rule engine, loaded by the menu's accessibility options
 ]
 # Chromium flags for a headless run on a machine with no network and no display (as root, hence no sandbox).
+MERMAID_FONTS = '"DejaVu Sans", "Noto Sans CJK SC", sans-serif'
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
@@ -77,8 +78,14 @@ def _stage(app: Sphinx) -> None:
             raise _missing(root, str(mmdc))
         puppeteer = stage / "mermaid-puppeteer.json"
         puppeteer.write_text(json.dumps({"executablePath": chromium(), "args": CHROMIUM_ARGS}), encoding="utf-8")
+        # one font for the labels in every edition and in print: DejaVu Sans, with Noto Sans CJK SC for Chinese
+        # (left to Chromium, the Chinese PDF's labels came out in a calligraphic Kai face)
+        mermaid_config = stage / "mermaid-config.json"
+        mermaid_config.write_text(json.dumps({"fontFamily": MERMAID_FONTS, "themeVariables": {
+            "fontFamily": MERMAID_FONTS}}), encoding="utf-8")
         app.config.mermaid_cmd = [str(mmdc)]
-        app.config.mermaid_params = ["--puppeteerConfigFile", str(puppeteer), "--quiet"]
+        app.config.mermaid_params = ["--puppeteerConfigFile", str(puppeteer), "--configFile", str(mermaid_config),
+                                     "--quiet"]
         if app.builder.format == "latex":  # a PDF page cut to the diagram (no pdfcrop needed)
             app.config.mermaid_params.append("--pdfFit")
 
