@@ -61,7 +61,7 @@ LANDSCAPE = r"\usepackage{pdflscape}"  # the landscape pages of wide tables
 # ones above (fontset=none).
 CHINESE = r"""
 \usepackage[heading=true,fontset=none]{ctex}
-\AtBeginDocument{\renewcommand{\contentsname}{目录}\renewcommand{\bibname}{参考文献}}
+\AtBeginDocument{\renewcommand{\contentsname}{目录}\renewcommand{\bibname}{参考文献}\renewcommand{\appendixname}{附录}}
 """
 
 
@@ -78,6 +78,7 @@ def _configure(app: Sphinx, config: Config) -> None:
 
 
 WIDE_COLUMNS = 10
+UNBREAKABLE = re.compile(r"[^\s\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]+")  # a run that LaTeX will not break
 
 
 def html_table(html: str) -> nodes.container | None:
@@ -114,18 +115,20 @@ def html_table(html: str) -> nodes.container | None:
             c += span_c
         grid_rows.append(entries)
     n_cols = max(c + 1 for (_, c) in taken)
-    # column widths in proportion to their longest text (4 to 40 characters): LaTeX wraps each column's cells
-    longest = [4] * n_cols
+    # column widths (LaTeX wraps each column's cells): wide enough for the longest word that cannot break ("131,072",
+    # a file name; Chinese breaks between any two characters), and more for long text, up to a cap
+    unbreakable, text = [1] * n_cols, [1] * n_cols
     for entries in grid_rows:
         c = 0
         for entry in entries:
-            while c < n_cols and longest[c] < 0:
-                c += 1
             if c < n_cols and not entry.get("morecols"):
-                longest[c] = max(longest[c], min(40, len(entry.astext())))
+                words = UNBREAKABLE.findall(entry.astext()) or [""]
+                unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
+                text[c] = max(text[c], len(entry.astext()))
             c += 1 + entry.get("morecols", 0)
+    widths = [max(word + 2, round(0.6 * min(length, 24))) for word, length in zip(unbreakable, text)]
     group = nodes.tgroup(cols=n_cols)
-    group += [nodes.colspec(colwidth=width) for width in longest]
+    group += [nodes.colspec(colwidth=width) for width in widths]
     for rows, section in ((grid_rows[:len(head)], nodes.thead()), (grid_rows[len(head):], nodes.tbody())):
         if rows:
             section += [nodes.row("", *entries) for entries in rows]
@@ -134,7 +137,7 @@ def html_table(html: str) -> nodes.container | None:
     # a table of more than ten columns is set smaller, on a landscape page (PrintLayout): on a portrait page its
     # columns were cut off at the right edge or its rows ran past the foot of the page
     wide = n_cols > WIDE_COLUMNS
-    size = r"\scriptsize" if wide else r"\footnotesize"
+    size = (r"\scriptsize" if wide else r"\footnotesize") + r"\setlength{\tabcolsep}{2pt}"
     return nodes.container("", nodes.raw("", r"\begingroup" + size, format="latex"),
                            nodes.table("", group, classes=["colwidths-given"]),
                            nodes.raw("", r"\endgroup", format="latex"),
@@ -257,7 +260,8 @@ def _parts(app: Sphinx, doctree) -> None:
             continue
         latex = r"\appendix" if any(doc.startswith("book/appendix/") for _, doc in toc["entries"]) else ""
         title = escape(caption)
-        latex += r"\part*{" + title + r"}\addcontentsline{toc}{part}{" + title + "}"
+        # the contents line is written on the part's own page (written after \part*, it named the next page)
+        latex += r"\cleardoublepage\phantomsection\addcontentsline{toc}{part}{" + title + r"}\part*{" + title + "}"
         toc.parent.insert(toc.parent.index(toc), nodes.raw("", latex, format="latex"))
 
 
