@@ -49,7 +49,8 @@ EXECUTED = BUILD / "jupyter_execute"  # the English build's executed notebooks, 
 GLUE_CATALOG = CATALOGS / "glue.po"
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
-from i18n_figures import figure_output  # noqa: E402 - the Chinese drawing of each figure, made as a page executes
+# the Chinese drawing of each figure, made as a page executes, and the translations it is drawn with
+from i18n_figures import figure_output, translations as figure_translations  # noqa: E402
 from i18n_glue import (checker_messages, diagram_labels, has_words, table_texts,  # noqa: E402 - the build's own
                        translate)  # rules: which texts, how
 
@@ -234,11 +235,8 @@ def _executed_outputs():
     if CACHE.is_dir():
         cache = get_cache(str(CACHE))
         for record in cache.list_cache_records():
-            path = Path(record.uri).resolve()
-            if ROOT not in path.parents:
-                continue
-            page = path.relative_to(ROOT).with_suffix("").as_posix()
-            if page not in latest or record.created > latest[page].created:
+            page = _page_of(record)
+            if page is not None and (page not in latest or record.created > latest[page].created):
                 latest[page] = record
         for page, record in sorted(latest.items()):
             for cell in cache.get_cache_bundle(record.pk).nb.cells:
@@ -254,6 +252,12 @@ def _executed_outputs():
         page = path.relative_to(EXECUTED).as_posix()[: -len(".glue.json")]
         for output in json.loads(path.read_text()).values():
             yield page, output
+
+
+def _page_of(record) -> str | None:
+    """The book page (``book/part1/scaling``) an execution-cache record was made from; None for another notebook."""
+    path = Path(record.uri).resolve()
+    return path.relative_to(ROOT).with_suffix("").as_posix() if ROOT in path.parents else None
 
 
 def output_texts() -> dict:
@@ -369,10 +373,7 @@ def stage_catalogs() -> Path:
 def stale_figure_pages() -> list[str]:
     """The pages whose figures were drawn in Chinese with translations glue.po no longer gives (a text translated,
     or its translation changed, since the page executed)."""
-    from babel.messages.pofile import read_po
-
-    with open(GLUE_CATALOG, "rb") as f:
-        translations = {m.id: m.string for m in read_po(f) if m.id and m.string and not m.context}
+    translations = figure_translations()  # what the kernels draw with
     stale = set()
     for page, output in _executed_outputs():
         figure = figure_output(output)
@@ -393,8 +394,7 @@ def refresh_figures() -> list[str]:
     if pages and CACHE.is_dir():
         cache = get_cache(str(CACHE))
         for record in cache.list_cache_records():
-            path = Path(record.uri).resolve()
-            if ROOT in path.parents and path.relative_to(ROOT).with_suffix("").as_posix() in pages:
+            if _page_of(record) in pages:
                 cache.remove_cache(record.pk)
     for page in pages:
         os.utime(ROOT / f"{page}.md")

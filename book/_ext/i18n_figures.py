@@ -45,7 +45,8 @@ i18n_figures.install(get_ipython())
 
 
 # ------------------------------------------------------------------------------------------------ kernel side
-def _translations() -> dict:
+def translations() -> dict:
+    """glue.po's translations the drawings use: ``{English: Chinese}`` (entries keyed to one glued value left out)."""
     from babel.messages.pofile import read_po
 
     if not GLUE_PO.exists():
@@ -171,7 +172,7 @@ def install(shell) -> None:
         from IPython.core.formatters import BaseFormatter
         from traitlets import Unicode
 
-        translations = _translations()
+        catalog = translations()
     except ImportError:
         return
     formatters = shell.display_formatter.formatters
@@ -188,7 +189,7 @@ def install(shell) -> None:
             figure = sys.modules.get("matplotlib.figure")
             if not self.enabled or figure is None or not isinstance(obj, figure.Figure):
                 return None
-            return chinese_drawing(obj, formatters["image/png"], translations)
+            return chinese_drawing(obj, formatters["image/png"], catalog)
 
     formatters[MIME] = ChineseFigureFormatter(parent=shell.display_formatter)
     if MIME not in shell.display_formatter.active_types:  # the formats computed for a display (set at start)

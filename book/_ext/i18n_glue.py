@@ -154,14 +154,18 @@ def _translate_diagrams(app: Sphinx, doctree, docname: str) -> None:
         node["code"] = LABEL.sub(label, node["code"])
 
 
+def _worded_cell_strings(soup):
+    """Each string of a table cell (a cell may hold a link or markup around its text) that has a word in it."""
+    return [text for table in soup.find_all("table") for cell in table.find_all(["th", "td"])
+            for text in cell.find_all(string=True) if has_words(text.strip())]
+
+
 def table_texts(html: str) -> list[str]:
-    """The texts of the cells of an HTML output's tables (pandas' DataFrame or Styler) that need a translation: each
-    string of a cell (a cell may hold a link or markup around its text), stripped, with a word in it."""
+    """The texts of the cells of an HTML output's tables (pandas' DataFrame or Styler) that need a translation, each
+    stripped."""
     from bs4 import BeautifulSoup
 
-    soup = BeautifulSoup(html, "html.parser")
-    return [text.strip() for table in soup.find_all("table") for cell in table.find_all(["th", "td"])
-            for text in cell.find_all(string=True) if has_words(text.strip())]
+    return [text.strip() for text in _worded_cell_strings(BeautifulSoup(html, "html.parser"))]
 
 
 def checker_messages() -> dict:
@@ -192,18 +196,14 @@ class TranslateTables(SphinxPostTransform):
         translations = {**checker_messages(), **_load(app)}
         for node in outputs:
             soup = BeautifulSoup(node.astext(), "html.parser")
-            for table in soup.find_all("table"):
-                for cell in table.find_all(["th", "td"]):
-                    for text in cell.find_all(string=True):
-                        english = text.strip()
-                        if not has_words(english):
-                            continue
-                        chinese = translate(english, translations)
-                        if chinese is None:
-                            logger.warning(f"table text {english!r} has no translation in glue.po; run python "
-                                           "tools/i18n.py update and translate it", location=node)
-                            continue
-                        text.replace_with(text.replace(english, chinese))
+            for text in _worded_cell_strings(soup):
+                english = text.strip()
+                chinese = translate(english, translations)
+                if chinese is None:
+                    logger.warning(f"table text {english!r} has no translation in glue.po; run python tools/i18n.py "
+                                   "update and translate it", location=node)
+                    continue
+                text.replace_with(text.replace(english, chinese))
             html = str(soup)
             node.replace_self(nodes.raw(html, html, format=node["format"], classes=node["classes"]))
 

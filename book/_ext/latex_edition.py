@@ -117,23 +117,22 @@ def html_table(html: str) -> nodes.container | None:
     n_cols = max(c + 1 for (_, c) in taken)
     # column widths (LaTeX wraps each column's cells): wide enough for the longest word that cannot break ("131,072",
     # a file name; Chinese breaks between any two characters), and more for long text, up to a cap
-    unbreakable, text = [1] * n_cols, [1] * n_cols
+    unbreakable, lengths = [1] * n_cols, [1] * n_cols
     for entries in grid_rows:
         c = 0
         for entry in entries:
             if c < n_cols and not entry.get("morecols"):
                 words = UNBREAKABLE.findall(entry.astext()) or [""]
                 unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
-                text[c] = max(text[c], len(entry.astext()))
+                lengths[c] = max(lengths[c], len(entry.astext()))
             c += 1 + entry.get("morecols", 0)
-    widths = [max(word + 2, round(0.6 * min(length, 24))) for word, length in zip(unbreakable, text)]
+    widths = [max(word + 2, round(0.6 * min(length, 24))) for word, length in zip(unbreakable, lengths)]
     group = nodes.tgroup(cols=n_cols)
     group += [nodes.colspec(colwidth=width) for width in widths]
     for rows, section in ((grid_rows[:len(head)], nodes.thead()), (grid_rows[len(head):], nodes.tbody())):
         if rows:
             section += [nodes.row("", *entries) for entries in rows]
             group += section
-    # columns as wide as their text (tabulary), in a smaller type: pandas tables run to eighteen columns
     # a table of more than ten columns is set smaller, on a landscape page (PrintLayout): on a portrait page its
     # columns were cut off at the right edge or its rows ran past the foot of the page
     wide = n_cols > WIDE_COLUMNS
@@ -191,7 +190,6 @@ def _place_table(block: nodes.container) -> None:
     gets landscape pages (pdflscape)."""
     table = block.next_node(nodes.table)
     figure = next((a for a in _ancestors(block) if isinstance(a, nodes.figure)), None)
-    outer = block
     if not any(isinstance(a, (nodes.Admonition, nodes.table)) for a in _ancestors(figure or block)):
         table["classes"].append("longtable")  # not in a box: it may break across pages
     if figure is not None:  # the caption follows the table as a paragraph (in longtable's \caption it broke LaTeX)
@@ -202,8 +200,8 @@ def _place_table(block: nodes.container) -> None:
         legend = figure.next_node(nodes.legend)
         figure.replace_self([block, *after, *(legend.children if legend is not None else [])])
     if "wide-table" in block["classes"]:
-        outer.parent.insert(outer.parent.index(outer), nodes.raw("", r"\begin{landscape}", format="latex"))
-        outer.parent.insert(outer.parent.index(outer) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
+        block.parent.insert(block.parent.index(block), nodes.raw("", r"\begin{landscape}", format="latex"))
+        block.parent.insert(block.parent.index(block) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
 
 
 def _ancestors(node: nodes.Node):
@@ -214,12 +212,7 @@ def _ancestors(node: nodes.Node):
 
 
 def _inside_admonition(node: nodes.Node) -> bool:
-    parent = node.parent
-    while parent is not None:
-        if isinstance(parent, nodes.Admonition):
-            return True
-        parent = parent.parent
-    return False
+    return any(isinstance(a, nodes.Admonition) for a in _ancestors(node))
 
 
 def _proof_titles(app: Sphinx) -> None:

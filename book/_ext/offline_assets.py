@@ -34,8 +34,8 @@ ASSETS = [
     ("mathjax", "es5/a11y", "mathjax/a11y"),
     ("mathjax", "es5/sre", "mathjax/sre"),  # speech rule engine, loaded by the menu's accessibility options
 ]
+MERMAID_FONTS = '"DejaVu Sans", "Noto Sans CJK SC", sans-serif'  # the diagrams' labels, in every edition
 # Chromium flags for a headless run on a machine with no network and no display (as root, hence no sandbox).
-MERMAID_FONTS = '"DejaVu Sans", "Noto Sans CJK SC", sans-serif'
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 

@@ -90,7 +90,7 @@ def _phrase(text: str) -> str:
     whatever order the translation needs."""
     numbers = _NUMBER.findall(text)
     template = tr(_NUMBER.sub(_numbered(), text))
-    return template.format(*numbers) if numbers and template != text else template
+    return template.format(*numbers) if numbers else template
 
 
 def case_name(name: str) -> str:
