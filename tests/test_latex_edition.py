@@ -46,5 +46,14 @@ def test_a_table_with_row_spans_places_the_next_cells_after_them():
     assert body[0] == ["a", "1", "1"] and body[1] == ["2", "2"] and body[2] == ["b", "1", "3"]
 
 
+def test_column_widths_follow_each_column_past_merged_rows():
+    """A cell after a row-spanning one sizes its own column: the long second-level labels widen column 1 only."""
+    df = pd.DataFrame({"v": [1, 2]}, index=pd.MultiIndex.from_tuples([("a", "short"),
+                                                                        ("a", "a-very-long-unbreakable-label")]))
+    group = html_table(df.to_html()).next_node(nodes.tgroup)
+    widths = [spec["colwidth"] for spec in group.findall(nodes.colspec)]
+    assert widths[1] == len("a-very-long-unbreakable-label") + 2 and widths[2] < widths[1], widths
+
+
 def test_html_without_a_table_gives_none():
     assert html_table("<div><select name='head'></select></div>") is None

@@ -94,7 +94,7 @@ def html_table(html: str) -> nodes.container | None:
     if not body and not head:
         return None
     taken: dict[tuple[int, int], bool] = {}  # grid cells covered by a merged cell above or to the left
-    grid_rows = []
+    grid_rows, placed = [], []  # placed: (entry, its first column)
     for r, row in enumerate(head + body):
         entries, c = [], 0
         for cell in row.find_all(["th", "td"], recursive=False):
@@ -109,6 +109,7 @@ def html_table(html: str) -> nodes.container | None:
             text = cell.get_text(" ", strip=True)
             entry += nodes.paragraph(text, text) if text else nodes.paragraph()
             entries.append(entry)
+            placed.append((entry, c))
             for dr in range(span_r):
                 for dc in range(span_c):
                     taken[(r + dr, c + dc)] = True
@@ -118,14 +119,11 @@ def html_table(html: str) -> nodes.container | None:
     # column widths (LaTeX wraps each column's cells): wide enough for the longest word that cannot break ("131,072",
     # a file name; Chinese breaks between any two characters), and more for long text, up to a cap
     unbreakable, lengths = [1] * n_cols, [1] * n_cols
-    for entries in grid_rows:
-        c = 0
-        for entry in entries:
-            if c < n_cols and not entry.get("morecols"):
-                words = UNBREAKABLE.findall(entry.astext()) or [""]
-                unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
-                lengths[c] = max(lengths[c], len(entry.astext()))
-            c += 1 + entry.get("morecols", 0)
+    for entry, c in placed:
+        if not entry.get("morecols"):
+            words = UNBREAKABLE.findall(entry.astext()) or [""]
+            unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
+            lengths[c] = max(lengths[c], len(entry.astext()))
     widths = [max(word + 2, round(0.6 * min(length, 24))) for word, length in zip(unbreakable, lengths)]
     group = nodes.tgroup(cols=n_cols)
     group += [nodes.colspec(colwidth=width) for width in widths]
