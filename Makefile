@@ -66,6 +66,7 @@ book: install
 
 book-all: install
 	$(BIN)/python book/_ext/i18n_figures.py
+	$(BIN)/python tools/i18n.py refresh-figures
 	$(BIN)/jupyter-book build . --all -W -n --keep-going
 	$(BIN)/python tools/i18n.py build
 
