@@ -161,3 +161,65 @@ def test_a_glued_word_may_have_its_own_chinese_for_one_key(tmp_path, monkeypatch
     with open(glue_po, "rb") as f:
         kept = {(m.context, m.id): m.string for m in read_po(f) if m.id}
     assert kept == {(None, "higher than"): "高于", ("book/p::a_word", "higher than"): "更高", (None, "lower than"): ""}
+
+
+def test_a_text_the_data_picks_is_translated_for_every_text_it_could_pick(monkeypatch):
+    """CI failed on a machine whose timings picked "shrank" where this one printed "grew": glue.po held the printed
+    text only. `glue_one_of` glues the list of possible texts beside the chosen one, and `update` lists every one."""
+    import myst_nb
+
+    from mha.glued import CHOICES_SUFFIX, glue_one_of
+
+    glued = {}
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: glued.__setitem__(name, value))
+    trends = {1: "grew", -1: "shrank", 0: "changed by no amount these rounds resolve"}
+    assert glue_one_of("trend", trends[1], trends.values()) == "grew"
+    assert glued == {"trend": "grew", "trend" + CHOICES_SUFFIX: list(trends.values())}
+    with pytest.raises(ValueError, match="'trend'.*one of its choices.*got 'fell'"):
+        glue_one_of("trend", "fell", trends.values())
+    with pytest.raises(TypeError, match="choices"):
+        glue_one_of("trend", "grew", "grew")  # a str is not a list of texts
+
+    values = {("book/p", "trend"): repr("grew"), ("book/p", "trend" + CHOICES_SUFFIX): repr(list(trends.values())),
+              ("book/p", "unpasted"): repr("fell")}
+    texts = i18n.glue_texts(values, [("book/p", "The time {glue:text}`trend`.")])
+    assert texts == {"grew": ["book/p::trend"],
+                     "shrank": ["book/p::trend (another possible value)"],
+                     "changed by no amount these rounds resolve": ["book/p::trend (another possible value)"]}
+
+
+def test_the_chinese_build_fails_on_a_possible_text_without_a_translation(tmp_path, monkeypatch):
+    """The build's side of the rule above: whichever text this machine's measurement picked, a glued text's other
+    possible texts without a translation are a build warning (an error under -W), so that CI on another CPU cannot be
+    the first to find them."""
+    from types import SimpleNamespace
+
+    from myst_nb.ext.glue import crossref
+    from myst_nb.ext.glue.utils import PendingGlueReference
+
+    import i18n_glue
+    from mha.glued import CHOICES_SUFFIX
+
+    catalog = tmp_path / "zh_CN" / "LC_MESSAGES"
+    catalog.mkdir(parents=True)
+    (catalog / "glue.po").write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                                     'msgid "grew"\nmsgstr "增加了"\n\nmsgid "shrank"\nmsgstr "减少了"\n',
+                                     encoding="utf-8")
+    app = SimpleNamespace(config=SimpleNamespace(language="zh_CN", locale_dirs=["."]), confdir=str(tmp_path),
+                          env=SimpleNamespace(mystnb_config=SimpleNamespace(output_folder="unused")))
+    choices = {"trend" + CHOICES_SUFFIX: {"data": {"text/plain": repr(["grew", "shrank", "stalled"])}},
+               "both" + CHOICES_SUFFIX: {"data": {"text/plain": repr(["grew", "shrank"])}}}
+    monkeypatch.setattr(crossref, "generate_text_nodes", crossref.generate_text_nodes)  # restored afterwards
+    monkeypatch.setattr(crossref, "read_glue_cache", lambda folder, docname: choices)
+    warnings = []
+    monkeypatch.setattr(i18n_glue.logger, "warning", lambda message, **kwargs: warnings.append(message))
+    i18n_glue._install(app)
+
+    def paste(key):
+        node = PendingGlueReference(refdoc="book/p", key=key, fmt_spec="")
+        return crossref.generate_text_nodes(node, {"data": {"text/plain": repr("grew")}})[0].astext()
+
+    assert paste("both") == "增加了" and warnings == []
+    assert paste("trend") == "增加了"  # the picked text is translated, but another machine might pick "stalled"
+    assert warnings == ["glued text book/p::trend may also be ['stalled'] on another machine, which glue.po does not "
+                        "translate; run python tools/i18n.py update and translate it"]

@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from i18n_figures import figure_output, translations as figure_translations  # noqa: E402
 from i18n_glue import (checker_messages, diagram_labels, has_words, table_texts,  # noqa: E402 - the build's own
                        translate)  # rules: which texts, how
+from mha.glued import CHOICES_SUFFIX  # noqa: E402 - the key of a glued text's possible values
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
 NOTHING_TO_TRANSLATE = re.compile(r"^(\s|\$\$?[^$]*\$\$?|\{[\w:-]+\}`[^`]*`|`[^`]*`|[-+*/=.,;:()\[\]0-9%×·\\|]|"
@@ -146,6 +147,15 @@ def glue_page(page: str, path: str | None) -> str:
     return target[:-3] if target.endswith(".md") else target
 
 
+def glue_choices(values: dict, page: str, key: str) -> list[str]:
+    """Every text ``page``'s cell could have glued as ``key`` (``mha.glued.glue_one_of``): [] when it glued no list."""
+    plain = values.get((page, key + CHOICES_SUFFIX))
+    choices = ast.literal_eval(plain) if plain else []
+    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise ValueError(f"{page}::{key}{CHOICES_SUFFIX} must be a list of str, got {plain!r}")
+    return choices
+
+
 def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
     """``{english text: [page::key, ...]}`` for every glued *text* value (a word or phrase chosen by the data) that
     a paragraph of the catalogs pastes, and every Markdown value a ``{glue:md}`` role pastes: these need a
@@ -164,6 +174,9 @@ def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
             continue
         if isinstance(value, str) and has_words(value):
             texts.setdefault(value, []).append(f"{page}::{key}")
+        for choice in glue_choices(values, page, key):  # what another machine's measurement would paste there
+            if choice != value and has_words(choice):
+                texts.setdefault(choice, []).append(f"{page}::{key} (another possible value)")
     for (page, key), value in (markdown or {}).items():
         if (page, key) in used_md and value and has_words(value, markdown=True):
             texts.setdefault(value, []).append(f"{page}::{key} (markdown)")

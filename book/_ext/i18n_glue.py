@@ -4,8 +4,10 @@ A chapter may glue text (``glue("verdict", "lower" if ... else "not distinguisha
 paragraph. The Chinese edition pastes the same value, so that it follows the data too, but in Chinese: this extension
 looks each glued text up in ``book/locales/<language>/LC_MESSAGES/glue.po`` (kept in step by
 ``python tools/i18n.py update``) when myst-nb resolves a pasted glue reference. A glued text with no translation is
-a build warning (an error with ``-W``), so an untranslated word cannot slip into a Chinese page. Numbers and other
-non-text values are pasted as they are. Nothing happens in the English build.
+a build warning (an error with ``-W``), so an untranslated word cannot slip into a Chinese page. A text the data
+picks at build time (``mha.glued.glue_one_of``) needs a translation of every text it could have picked, so that the
+build does not pass on one machine and fail on another. Numbers and other non-text values are pasted as they are.
+Nothing happens in the English build.
 
 A glued word sits in a sentence written for English word order ("one head is {higher than} four heads"). Where the
 Chinese sentence is built differently ("与四个头相比，一个头的损失{更高}"), glue.po may hold an entry for that one
@@ -96,6 +98,14 @@ def _install(app: Sphinx) -> None:
     translations = _load(app)
     original = crossref.generate_text_nodes
 
+    def _choices(node) -> list[str]:
+        """Every text the page's cell could have glued as this key (``mha.glued.glue_one_of``), or []."""
+        from mha.glued import CHOICES_SUFFIX
+
+        data = crossref.read_glue_cache(app.env.mystnb_config.output_folder, node.refdoc)
+        plain = data.get(node.key + CHOICES_SUFFIX, {}).get("data", {}).get("text/plain")
+        return literal_eval(plain) if plain else []
+
     def translated_text_nodes(node, output):
         nodes_out = original(node, output)
         plain = output.get("data", {}).get("text/plain")
@@ -104,6 +114,12 @@ def _install(app: Sphinx) -> None:
         except (ValueError, SyntaxError):
             value = None
         if isinstance(value, str) and nodes_out and has_words(value):
+            missing = [choice for choice in _choices(node) if choice != value and has_words(choice)
+                       and translate(choice, translations, f"{node.refdoc}::{node.key}") is None]
+            if missing:
+                logger.warning(f"glued text {node.get('refdoc')}::{node.get('key')} may also be {missing!r} on "
+                               f"another machine, which glue.po does not translate; run python tools/i18n.py update "
+                               f"and translate it", location=node)
             text = translate(value, translations, f"{node.refdoc}::{node.key}")
             if text is not None:
                 nodes_out[0].children = []
