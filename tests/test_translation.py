@@ -4,6 +4,7 @@ Chinese pages are checked in test_book_site.py, beside the build they need."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -87,6 +88,27 @@ def test_catalogs_follow_the_term_sheet():
                 found += [f"{path.relative_to(ROOT)}: {str(message.id)[:60]!r}: {variant!r} (use {term['zh']!r})"
                           for variant in term["retired"] if variant in text]
     assert not found, "retired variants of the term sheet:\n" + "\n".join(found)
+
+
+def test_words_inside_math_are_chinese_on_chinese_pages():
+    """Issue 28: "\\text{bytes per number}" inside an equation was left in English. The lint lets a translation
+    change only the words of a \\text{...}; every \\text of a Chinese catalog that holds an English phrase (two
+    lowercase words) fails here. Names stay as they are (\\text{head}_i, \\text{post-LN})."""
+    from babel.messages.pofile import read_po
+
+    assert i18n.preserved(r"$M = 4 \text{ bytes per number}$", r"$M = 4 \text{ 每个数的字节数}$") == []
+    assert i18n.preserved(r"$M = 4 \text{ bytes}$", r"$M = 8 \text{ 字节}$") != []  # the math itself must not change
+    phrase = re.compile(r"\\text\{[^{}]*\b[a-z]{2,}\b\s+[^{}]*\b[a-z]{2,}\b[^{}]*\}")
+    assert phrase.search(r"\text{a window of } w") and not phrase.search(r"\text{post-LN（笔记 000）}")
+    found = []
+    for path in sorted(i18n.CATALOGS.rglob("*.po")):
+        with open(path, "rb") as f:
+            catalog = read_po(f)
+        for message in catalog:
+            if message.id and isinstance(message.string, str) and path.name != "glue.po":
+                for math in [message.string] if message.id == message.string else i18n.MATH.findall(message.string):
+                    found += [f"{path.relative_to(ROOT)}: {m!r}" for m in phrase.findall(math)]
+    assert not found, "English phrases inside math on Chinese pages:\n" + "\n".join(found)
 
 
 def test_a_quoted_notes_english_rendering_may_be_left_out_but_nothing_else():

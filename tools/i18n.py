@@ -488,6 +488,7 @@ def problems() -> list[str]:
 
 
 MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+MATH_TEXT = re.compile(r"\\text\{[^{}]*\}")  # words inside math: "\text{bytes per number}"
 ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
 CODE = re.compile(r"(?<![}`])``?(?!`)(?P<code>[^`]+?)``?(?!`)")
 LINK_TARGET = re.compile(r"\]\((?P<target>[^)\s]+)\)")
@@ -533,7 +534,8 @@ def _preserved(english: str, translation: str) -> list[str]:
     without_roles = [ROLE.sub("", MATH.sub("", t)) for t in (english, translation)]
     checks = {
         "quoted code": double,
-        "math": [sorted(MATH.findall(t)) for t in (english, translation)],
+        # math is kept as it is, but for the words of its \text{...}, which a Chinese page writes in Chinese
+        "math": [sorted(MATH_TEXT.sub(r"\\text{}", m) for m in MATH.findall(t)) for t in (english, translation)],
         "roles": [_role_keys(MATH.sub("", t)) for t in (english, translation)],
         # a glued number's format: the Chinese page must print the digits the English one prints
         "glue formats": [sorted((m["key"], m["fmt"] or ":s") for m in GLUE_ROLE.finditer(MATH.sub("", t)))

@@ -239,13 +239,23 @@ def _parts(app: Sphinx, doctree) -> None:
     """The book's parts in print: before each captioned table of contents of the root page (a part of _toc.yml), an
     unnumbered part page with its caption, already translated in the Chinese edition, and a line in the contents;
     before the appendices, ``\\appendix`` (their chapters lettered A, B, ...). Sphinx's LaTeX builder drops the
-    captions when it inlines the pages."""
+    captions when it inlines the pages. The root page's own sections come first, as unnumbered chapters."""
     from sphinx import addnodes
     from sphinx.util.texescape import escape
 
     if app.builder.format != "latex" or app.env.docname != app.config.root_doc:
         return
-    for toc in list(doctree.findall(addnodes.toctree)):
+    # the root page's own sections are front matter: unnumbered (the first part's first chapter is chapter 1), still
+    # in the contents
+    front = doctree.next_node(nodes.section)
+    if front is not None:
+        front.insert(1, nodes.raw("", r"\edef\mhasecnumdepth{\the\value{secnumdepth}}\setcounter{secnumdepth}{-1}",
+                                  format="latex"))
+    tocs = list(doctree.findall(addnodes.toctree))
+    if front is not None and tocs:  # numbered again from the first chapter the contents hold
+        tocs[0].parent.insert(tocs[0].parent.index(tocs[0]),
+                              nodes.raw("", r"\setcounter{secnumdepth}{\mhasecnumdepth}", format="latex"))
+    for toc in tocs:
         caption = toc.get("caption")
         if not caption:
             continue
