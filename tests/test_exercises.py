@@ -230,7 +230,7 @@ def test_message_of_the_lecture_bug():
     assert expected and got and expected.group(1) == got.group(1)
     assert len(expected.group(2).split(",")) >= 3
     assert "scaled by 1/sqrt(d_model) instead of 1/sqrt(d_k)" in message
-    assert "(book Eq. scaling-var-scaled, part I 'Why divide by √d_k')" in message
+    assert "(book Eq. scaling-var-scaled, part I 'Why divide by √dₖ')" in message
     assert "also wrong: weights" in message
 
 
@@ -521,7 +521,9 @@ def test_chapter_ends_with_a_write_it_yourself_block_whose_solution_passes(chapt
     stub = re.search(r"^```python\n(.*?)^```", body, re.M | re.S).group(1)
     assert "raise NotImplementedError" in stub
     solution = re.search(r":class: dropdown\n```python\n(.*?)^```", body, re.M | re.S).group(1)
-    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input\]\n\n(.*?)^```", body, re.M | re.S).group(1)
+    # the verified cell: hidden, its printed line shown in Chinese on the Chinese page (translate-output)
+    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input, translate-output\]\n\n(.*?)^```", body,
+                     re.M | re.S).group(1)
     assert cell.startswith(solution), "the verified code is the solution shown"
     assert all(f"exercises.{name}(" in cell for name in checkers)
     printed = io.StringIO()

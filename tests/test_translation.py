@@ -91,9 +91,11 @@ def test_catalogs_follow_the_term_sheet():
 
 
 def test_words_inside_math_are_chinese_on_chinese_pages():
-    """Issue 28: "\\text{bytes per number}" inside an equation was left in English. The lint lets a translation
-    change only the words of a \\text{...}; every \\text of a Chinese catalog that holds an English phrase (two
-    lowercase words) fails here. Names stay as they are (\\text{head}_i, \\text{post-LN})."""
+    """Issue 28: "\\text{largest float64}" inside an inline formula was left in English. The lint lets a translation
+    change only the words of a \\text{...}; every \\text of an inline formula in a Chinese paragraph that holds an
+    English phrase (two lowercase words) fails here. Names stay as they are (\\text{head}_i, \\text{post-LN}).
+    Display equations (a message of their own) are not translated: a math block whose translation differs from its
+    English is dropped from the page by Sphinx's translation (test_book_site checks that every equation is there)."""
     from babel.messages.pofile import read_po
 
     assert i18n.preserved(r"$M = 4 \text{ bytes per number}$", r"$M = 4 \text{ 每个数的字节数}$") == []
@@ -106,7 +108,7 @@ def test_words_inside_math_are_chinese_on_chinese_pages():
             catalog = read_po(f)
         for message in catalog:
             if message.id and isinstance(message.string, str) and path.name != "glue.po":
-                for math in [message.string] if message.id == message.string else i18n.MATH.findall(message.string):
+                for math in i18n.MATH.findall(message.string):
                     found += [f"{path.relative_to(ROOT)}: {m!r}" for m in phrase.findall(math)]
     assert not found, "English phrases inside math on Chinese pages:\n" + "\n".join(found)
 
@@ -245,3 +247,28 @@ def test_the_chinese_build_fails_on_a_possible_text_without_a_translation(tmp_pa
     assert paste("trend") == "增加了"  # the picked text is translated, but another machine might pick "stalled"
     assert warnings == ["glued text book/p::trend may also be ['stalled'] on another machine, which glue.po does not "
                         "translate; run python tools/i18n.py update and translate it"]
+
+
+def test_a_tagged_cells_printed_text_is_translated_and_only_its_own():
+    """Issue 28: "The solution above passes check_softmax." and a checker's message were printed in English on the
+    Chinese pages. A cell tagged translate-output shows its printed text from glue.po; an untagged cell's printed
+    text (numbers, arrays) is left as it is, and a tagged text without a translation is reported."""
+    from docutils import nodes
+
+    import i18n_glue
+
+    def cell(text, tags):
+        node = nodes.container(nb_element="cell_code", cell_metadata={"tags": tags})
+        node += nodes.literal_block(text, text, classes=["output", "stream"])
+        return node
+
+    document = nodes.section()
+    document += cell("The solution above passes check_softmax.\n", ["remove-input", "translate-output"])
+    document += cell("The solution above passes check_softmax.\n", ["remove-input"])
+    document += cell("A new message.\n", ["translate-output"])
+    missing = i18n_glue.translate_streams(document, {"The solution above passes check_softmax.":
+                                                     "上面的解答通过了 check_softmax。"})
+    printed = [block.astext() for block in document.findall(nodes.literal_block)]
+    assert printed == ["上面的解答通过了 check_softmax。\n", "The solution above passes check_softmax.\n",
+                       "A new message.\n"]
+    assert [text for text, _ in missing] == ["A new message."]

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 # the Chinese drawing of each figure, made as a page executes, and the translations it is drawn with
 from i18n_figures import figure_output, translations as figure_translations  # noqa: E402
 from i18n_glue import (checker_messages, diagram_labels, has_words, table_texts,  # noqa: E402 - the build's own
-                       translate)  # rules: which texts, how
+                       translate, translated_output_cell)  # rules: which texts, how
 from mha.glued import CHOICES_SUFFIX  # noqa: E402 - the key of a glued text's possible values
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
@@ -235,11 +235,11 @@ def diagram_texts() -> dict:
     return texts
 
 
-def _executed_outputs():
-    """(page, output) for every output of the English build's executed pages and every value they glued. The
-    outputs come from the execution cache (the latest record of each page; ``_build/jupyter_execute`` holds a page's
-    outputs only when the build executed it, not when it took them from the cache), or from
-    ``_build/jupyter_execute`` for a page the cache does not keep (one executed with ``execution_mode: force``)."""
+def _executed_cells():
+    """(page, cell) for every code cell of the English build's executed pages. The cells come from the execution
+    cache (the latest record of each page; ``_build/jupyter_execute`` holds a page's outputs only when the build
+    executed it, not when it took them from the cache), or from ``_build/jupyter_execute`` for a page the cache does
+    not keep (one executed with ``execution_mode: force``)."""
     import json
 
     from jupyter_cache import get_cache
@@ -253,14 +253,22 @@ def _executed_outputs():
                 latest[page] = record
         for page, record in sorted(latest.items()):
             for cell in cache.get_cache_bundle(record.pk).nb.cells:
-                for output in cell.get("outputs", []):
-                    yield page, output
+                yield page, cell
     for path in sorted(EXECUTED.rglob("*.ipynb")):
         page = path.relative_to(EXECUTED).with_suffix("").as_posix()
         if page not in latest:
             for cell in json.loads(path.read_text()).get("cells", []):
-                for output in cell.get("outputs", []):
-                    yield page, output
+                yield page, cell
+
+
+def _executed_outputs():
+    """(page, output) for every output of the English build's executed pages (``_executed_cells``) and every value
+    they glued."""
+    import json
+
+    for page, cell in _executed_cells():
+        for output in cell.get("outputs", []):
+            yield page, output
     for path in sorted(EXECUTED.rglob("*.glue.json")):
         page = path.relative_to(EXECUTED).as_posix()[: -len(".glue.json")]
         for output in json.loads(path.read_text()).values():
@@ -291,6 +299,10 @@ def output_texts() -> dict:
         figure = figure_output(output)
         if figure:
             add(figure["texts"], f"{page} (figure)")
+    for page, cell in _executed_cells():  # the printed text of the cells tagged translate-output
+        if translated_output_cell(cell.get("metadata")):
+            add(["".join(o["text"]).strip() for o in cell.get("outputs", []) if o.get("output_type") == "stream"],
+                f"{page} (printed)")
     return texts
 
 

@@ -22,7 +22,7 @@ labels in glue.po (``diagram_labels``); a label with no translation is a build w
 The tables a cell shows or glues (pandas' HTML) go through it too: each string of a table cell with words in it
 (a header, "solved", a model's source) is replaced by its translation (``TranslateTables``), so a Chinese page's
 tables speak Chinese while every number stays the English build's. ``tools/i18n.py update`` lists the cells' texts
-(``table_texts``).
+(``table_texts``). So does the printed text of a code cell tagged ``translate-output`` (``TranslateStreams``).
 """
 
 from __future__ import annotations
@@ -224,8 +224,54 @@ class TranslateTables(SphinxPostTransform):
             node.replace_self(nodes.raw(html, html, format=node["format"], classes=node["classes"]))
 
 
+# The tag of a code cell whose printed text (its stream output: "The solution above passes check_softmax.", a
+# checker's message) the Chinese edition shows in Chinese, from glue.po. Other printed output (numbers, arrays, a
+# listing's lines) is shown as the English build printed it.
+TRANSLATED_OUTPUT_TAG = "translate-output"
+
+
+def translated_output_cell(cell_metadata: dict) -> bool:
+    return TRANSLATED_OUTPUT_TAG in (cell_metadata or {}).get("tags", [])
+
+
+def translate_streams(document, translations: dict) -> list[tuple[str, nodes.Node]]:
+    """Replace the printed text of every code cell of ``document`` tagged ``translate-output`` by its translation;
+    return (text, cell) for each printed text that has none."""
+    missing = []
+    for cell in document.findall(nodes.container):
+        if cell.get("nb_element") != "cell_code" or not translated_output_cell(cell.get("cell_metadata")):
+            continue
+        for block in list(cell.findall(nodes.literal_block)):
+            if "stream" not in block["classes"]:
+                continue
+            english = block.astext().strip()
+            chinese = translate(english, translations)
+            if chinese is None:
+                missing.append((english, cell))
+                continue
+            block.children = [nodes.Text(chinese + "\n")]
+            block.rawsource = chinese + "\n"
+    return missing
+
+
+class TranslateStreams(SphinxPostTransform):
+    """The Chinese edition's printed text of the cells tagged ``translate-output`` (``translate_streams``): the whole
+    text from glue.po (numbers carried over as in glued text); a text with no translation is a build warning."""
+
+    default_priority = 800
+
+    def run(self, **kwargs) -> None:
+        app = self.app
+        if not app.config.language or app.config.language.startswith("en"):
+            return
+        for english, cell in translate_streams(self.document, _load(app)):
+            logger.warning(f"printed text {english!r} has no translation in glue.po; run python tools/i18n.py "
+                           "update and translate it", location=cell)
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("builder-inited", _install)
     app.connect("doctree-resolved", _translate_diagrams)
     app.add_post_transform(TranslateTables)
+    app.add_post_transform(TranslateStreams)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,7 +1,7 @@
 """Checkers of one head's attention: the softmax, scaled dot-product attention, and attention one key block at a
 time (the online softmax).
 
-Book: part I, 'Scaled dot-product attention' and 'Why divide by √d_k'; part II, 'Exact attention without the L × L
+Book: part I, 'Scaled dot-product attention' and 'Why divide by √dₖ'; part II, 'Exact attention without the L × L
 matrix'.
 """
 
@@ -84,7 +84,7 @@ def check_scaled_dot_product_attention(fn, *, backend: str = "auto", timeout: fl
     padding masks, a fully masked row, large logits, a batch of one with one query, non-contiguous inputs.
 
     Book: part I, 'Scaled dot-product attention' (Eqs. sdpa-attention, sdpa-masked-softmax); the scale: part I,
-    'Why divide by √d_k'.
+    'Why divide by √dₖ'.
     """
     rng = np.random.default_rng(202)
     r = rng.standard_normal

@@ -17,7 +17,7 @@ class Equation(NamedTuple):
 
 
 SDPA_CH = "part I 'Scaled dot-product attention'"
-SCALING_CH = "part I 'Why divide by √d_k'"
+SCALING_CH = "part I 'Why divide by √dₖ'"
 MHA_CH = "part I 'From one head to h heads'"
 BWD_CH = "part II 'The backward pass'"
 KV_CH = "part II 'Autoregressive decoding and the KV cache'"
@@ -131,7 +131,7 @@ KNOWN_BUGS: dict[str, KnownBug] = {
     "no_scale": KnownBug(
         "the scores are not scaled: softmax(QK^T) instead of softmax(QK^T / sqrt(d_k))",
         "multiply the scores by `scale`, and when scale is None use 1 / sqrt(d_k) with d_k = q.shape[-1]. Why: the "
-        "variance of q . k grows like d_k (part I 'Why divide by √d_k').",
+        "variance of q . k grows like d_k (part I 'Why divide by √dₖ').",
         EQ_SCALED),
     "scale_d_k_not_sqrt": KnownBug(
         "the scores are divided by d_k instead of sqrt(d_k)",

@@ -37,7 +37,7 @@ def check_softmax_backward(fn, *, backend: str = "auto", timeout: float | None =
     ``= A * (dA - rowsum(dA * A))``, same shape. Cases: a vector, a square matrix, a rectangular one, batch axes,
     masked entries and a fully masked row (all-zero weights), saturated one-hot rows, a batch of one, a non-contiguous
     input. Book: part II, 'The backward pass' (Theorem bwd-thm-softmax-jacobian, Eq. bwd-softmax-vjp); the same
-    Jacobian: part I, 'Why divide by √d_k' (Eq. scaling-vjp).
+    Jacobian: part I, 'Why divide by √dₖ' (Eq. scaling-vjp).
     """
     rng = np.random.default_rng(909)
     r = rng.standard_normal

@@ -373,8 +373,8 @@ MESSAGES: dict[str, str] = {
         '用 mean(x**2)，而不是 x.var()：RMSNorm 的统计量是围绕 0 计算的，而不是围绕均值。',
     'merge the two axes: .reshape(N, g * n_rep, L, d), group-major, so that query head j reads kv head j // n_rep.':
         '合并这两个轴：.reshape(N, g * n_rep, L, d)，组在外层，这样查询头 j 读取的是键/值头 j // n_rep。',
-    "multiply the scores by `scale`, and when scale is None use 1 / sqrt(d_k) with d_k = q.shape[-1]. Why: the variance of q . k grows like d_k (part I 'Why divide by √d_k').":
-        '把分数乘以 `scale`；当 scale 为 None 时，使用 1 / sqrt(d_k)，其中 d_k = q.shape[-1]。原因：q . k 的方差与 d_k 成正比地增长（第一部分“为什么要除以 √d_k”）。',
+    "multiply the scores by `scale`, and when scale is None use 1 / sqrt(d_k) with d_k = q.shape[-1]. Why: the variance of q . k grows like d_k (part I 'Why divide by √dₖ').":
+        '把分数乘以 `scale`；当 scale 为 None 时，使用 1 / sqrt(d_k)，其中 d_k = q.shape[-1]。原因：q . k 的方差与 d_k 成正比地增长（第一部分“为什么要除以 √dₖ”）。',
     'n_rep = {0} (MHA)':
         'n_rep = {0}（MHA）',
     'neither the running sum l nor the accumulator is rescaled when the running maximum grows':
@@ -457,8 +457,8 @@ MESSAGES: dict[str, str] = {
         '第一部分“从一个头到 h 个头”',
     "part I 'Scaled dot-product attention'":
         '第一部分“缩放点积注意力”',
-    "part I 'Why divide by √d_k'":
-        '第一部分“为什么要除以 √d_k”',
+    "part I 'Why divide by √dₖ'":
+        '第一部分“为什么要除以 √dₖ”',
     "part II 'Autoregressive decoding and the KV cache'":
         '第二部分“自回归解码与键值缓存”',
     "part II 'Exact attention without the L × L matrix'":
