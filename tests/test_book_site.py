@@ -487,9 +487,10 @@ MATH_WORDS = re.compile(r"\\text\{[^{}]*\}")
 
 
 def _display_equations(html: str) -> list[str]:
-    """The TeX of each display equation (its number dropped), the words of its \\text{...} left out."""
-    return sorted(MATH_WORDS.sub(r"\\text{}", unescape(re.sub(r"<span class=\"eqno\">.*?</span>", "", m, flags=re.S)))
-                  .strip() for m in DISPLAY_MATH.findall(html))
+    """The TeX of each display equation (its number dropped), without its \\text{...} (words a translation may write
+    in its own order around the symbols) and without spaces."""
+    return sorted("".join(MATH_WORDS.sub("", unescape(re.sub(r'<span class="eqno">.*?</span>', "", m, flags=re.S)))
+                          .split()) for m in DISPLAY_MATH.findall(html))
 
 
 @pytest.mark.book

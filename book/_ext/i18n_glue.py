@@ -33,6 +33,7 @@ from pathlib import Path
 
 from docutils import nodes
 from sphinx.application import Sphinx
+from sphinx.transforms import SphinxTransform
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
 
@@ -269,7 +270,37 @@ class TranslateStreams(SphinxPostTransform):
                            "update and translate it", location=cell)
 
 
+class TranslateMathBlocks(SphinxTransform):
+    """A display equation's translation (its \\text{...} words in Chinese), put in place before Sphinx's own
+    translation, which parses a math block's translation as a literal block in reStructuredText ("::" and an indented
+    block): the MyST parser reads that as a paragraph "::", and the equation was shown as "\\[::\\]"."""
+
+    default_priority = 19  # before sphinx.transforms.i18n.Locale (20)
+
+    def apply(self, **kwargs) -> None:
+        if not self.config.language or self.config.language.startswith("en"):
+            return
+        from os import path
+
+        from sphinx.locale import init as init_locale
+        from sphinx.util.i18n import docname_to_domain
+
+        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+        catalog, has_catalog = init_locale([path.join(self.env.srcdir, d) for d in self.config.locale_dirs],
+                                           self.config.language, domain)
+        if not has_catalog:
+            return
+        for node in self.document.findall(nodes.math_block):
+            english = node.rawsource or node.astext()  # the message id, as sphinx.util.nodes.extract_messages has it
+            chinese = catalog.gettext(english)
+            if chinese and chinese != english:
+                node.children = [nodes.Text(chinese)]
+                node.rawsource = chinese
+            node["translatable"] = False  # Locale leaves it as it is
+
+
 def setup(app: Sphinx) -> dict:
+    app.add_transform(TranslateMathBlocks)
     app.connect("builder-inited", _install)
     app.connect("doctree-resolved", _translate_diagrams)
     app.add_post_transform(TranslateTables)
