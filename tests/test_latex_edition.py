@@ -13,7 +13,7 @@ pd = pytest.importorskip("pandas")
 from docutils import nodes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from latex_edition import html_table  # noqa: E402
+from latex_edition import _size_table, html_table  # noqa: E402
 
 
 def _grid(container):
@@ -57,3 +57,24 @@ def test_column_widths_follow_each_column_past_merged_rows():
 
 def test_html_without_a_table_gives_none():
     assert html_table("<div><select name='head'></select></div>") is None
+
+
+def _markdown_table(rows):
+    group = nodes.tgroup(cols=len(rows[0]))
+    group += [nodes.colspec(colwidth=1) for _ in rows[0]]
+    body = nodes.tbody()
+    body += [nodes.row("", *[nodes.entry("", nodes.paragraph(text, text)) for text in row]) for row in rows]
+    group += body
+    return nodes.table("", group)
+
+
+def test_a_markdown_table_gets_widths_so_that_its_columns_wrap():
+    """The claims appendix's tables (more than 30 rows: a longtable) had ``l`` columns, which never wrap, and ran off
+    the page: given widths, the column of long text is wider than the column of short identifiers."""
+    long = _markdown_table([["N001-01", "「每个头都要独立计算，显存占用大」 every head computes independently " * 3]] * 31)
+    _size_table(long)
+    widths = [spec["colwidth"] for spec in long.findall(nodes.colspec)]
+    assert "colwidths-given" in long["classes"] and widths[1] > widths[0] >= len("N001-01") + 2
+    verdict = _markdown_table([["N001-01", "成立，但有保留"]] * 3)  # Chinese: each character two letters wide
+    _size_table(verdict)
+    assert [spec["colwidth"] for spec in verdict.findall(nodes.colspec)] == [9, 8]  # 8: the least

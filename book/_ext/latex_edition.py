@@ -78,6 +78,7 @@ def _configure(app: Sphinx, config: Config) -> None:
 
 
 WIDE_COLUMNS = 10
+CJK_CHARACTER = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 UNBREAKABLE = re.compile(r"[^\s\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]+")  # a run that LaTeX will not break
 
 
@@ -116,15 +117,7 @@ def html_table(html: str) -> nodes.container | None:
             c += span_c
         grid_rows.append(entries)
     n_cols = max(c + 1 for (_, c) in taken)
-    # column widths (LaTeX wraps each column's cells): wide enough for the longest word that cannot break ("131,072",
-    # a file name; Chinese breaks between any two characters), and more for long text, up to a cap
-    unbreakable, lengths = [1] * n_cols, [1] * n_cols
-    for entry, c in placed:
-        if not entry.get("morecols"):
-            words = UNBREAKABLE.findall(entry.astext()) or [""]
-            unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
-            lengths[c] = max(lengths[c], len(entry.astext()))
-    widths = [max(word + 2, round(0.6 * min(length, 24))) for word, length in zip(unbreakable, lengths)]
+    widths = _column_widths([(entry.astext(), c) for entry, c in placed if not entry.get("morecols")], n_cols)
     group = nodes.tgroup(cols=n_cols)
     group += [nodes.colspec(colwidth=width) for width in widths]
     for rows, section in ((grid_rows[:len(head)], nodes.thead()), (grid_rows[len(head):], nodes.tbody())):
@@ -141,14 +134,50 @@ def html_table(html: str) -> nodes.container | None:
                            classes=["output-table"] + (["wide-table"] if wide else []))
 
 
+def _column_widths(cells: list[tuple[str, int]], n_cols: int) -> list[int]:
+    """Relative column widths from the (text, column) of a table's one-column cells (LaTeX wraps each column's cells):
+    wide enough for the longest word that cannot break ("131,072", a file name; Chinese breaks between any two
+    characters), and more for long text, up to a cap."""
+    unbreakable, lengths = [1] * n_cols, [1] * n_cols
+    for text, c in cells:
+        words = UNBREAKABLE.findall(text) or [""]
+        unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
+        lengths[c] = max(lengths[c], len(text) + len(CJK_CHARACTER.findall(text)))  # a Chinese character is two letters wide
+    # a column is at least 8 wide (a narrower one left no room for a word of three digits beside wide ones)
+    return [max(word + 2, round(0.6 * min(length, 24)), 8) for word, length in zip(unbreakable, lengths)]
+
+
+def _size_table(table: nodes.table) -> None:
+    """A Markdown table's column widths. Without them Sphinx set a table of more than 30 rows as a longtable of ``l``
+    columns, which never wrap (the claims appendix's tables ran off the page), and a shorter one as a tabulary, which
+    gave a column of identifiers ("N000-01") less than its width beside columns of Chinese text."""
+    group = table.next_node(nodes.tgroup)
+    specs = [child for child in group.children if isinstance(child, nodes.colspec)]
+    rows = list(table.findall(nodes.row))
+    if "colwidths-given" in table["classes"] or not specs:
+        return
+    cells = []
+    for row in rows:
+        c = 0
+        for entry in row.children:
+            if not entry.get("morecols"):
+                cells.append((entry.astext(), c))
+            c += 1 + entry.get("morecols", 0)
+    for spec, width in zip(specs, _column_widths(cells, len(specs))):
+        spec["colwidth"] = width
+    table["classes"].append("colwidths-given")
+
+
 class PrintLayout(SphinxPostTransform):
-    """For the LaTeX builder only: HTML tables as tables, hidden cell inputs removed, nested admonitions unboxed,
-    citations in captions unlinked."""
+    """For the LaTeX builder only: Markdown tables given column widths, HTML tables as tables, hidden cell inputs
+    removed, nested admonitions unboxed, citations in captions unlinked."""
 
     default_priority = 900  # after the citations are resolved (sphinxcontrib-bibtex) and glue pasted
     builders = ("latex",)
 
     def run(self, **kwargs) -> None:
+        for table in list(self.document.findall(nodes.table)):
+            _size_table(table)
         for raw in list(self.document.findall(nodes.raw)):
             if "html" not in raw.get("format", "").split() or "text_html" not in raw["classes"]:
                 continue
