@@ -48,12 +48,13 @@ CJK = r"""
 """
 
 # The references page is the bibliography's chapter: Sphinx's sphinxthebibliography would open a second one, titled
-# "Bibliography", right after it. Its running head says References, as the page does.
+# "Bibliography", right after it. Its running head says References, as the page does. The contents are "Contents":
+# Sphinx names them after the root page's first captioned table of contents, which here is part I's.
 BIBLIOGRAPHY = r"""
 \makeatletter
 \renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
 \makeatother
-\AtBeginDocument{\renewcommand{\bibname}{References}}
+\AtBeginDocument{\renewcommand{\bibname}{References}\renewcommand{\contentsname}{Contents}}
 """
 LANDSCAPE = r"\usepackage{pdflscape}"  # the landscape pages of wide tables
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
@@ -134,14 +135,15 @@ def html_table(html: str) -> nodes.container | None:
                            classes=["output-table"] + (["wide-table"] if wide else []))
 
 
-def _column_widths(cells: list[tuple[str, int]], n_cols: int) -> list[int]:
+def _column_widths(cells: list[tuple[str, int]], n_cols: int, word_cap: int | None = None) -> list[int]:
     """Relative column widths from the (text, column) of a table's one-column cells (LaTeX wraps each column's cells):
     wide enough for the longest word that cannot break ("131,072", a file name; Chinese breaks between any two
-    characters), and more for long text, up to a cap."""
+    characters), counted up to ``word_cap`` letters if given, and more for long text, up to a cap."""
     unbreakable, lengths = [1] * n_cols, [1] * n_cols
     for text, c in cells:
         words = UNBREAKABLE.findall(text) or [""]
-        unbreakable[c] = max(unbreakable[c], max(len(word) for word in words))
+        longest = max(len(word) for word in words)
+        unbreakable[c] = max(unbreakable[c], min(longest, word_cap) if word_cap else longest)
         lengths[c] = max(lengths[c], len(text) + len(CJK_CHARACTER.findall(text)))  # a Chinese character is two letters wide
     # a column is at least 8 wide (a narrower one left no room for a word of three digits beside wide ones)
     return [max(word + 2, round(0.6 * min(length, 24)), 8) for word, length in zip(unbreakable, lengths)]
@@ -163,7 +165,9 @@ def _size_table(table: nodes.table) -> None:
             if not entry.get("morecols"):
                 cells.append((entry.astext(), c))
             c += 1 + entry.get("morecols", 0)
-    for spec, width in zip(specs, _column_widths(cells, len(specs))):
+    # a formula or a line of code in a cell of prose counts as at most 20 letters: it may overrun its column a little
+    # rather than take the width of the columns of text beside it
+    for spec, width in zip(specs, _column_widths(cells, len(specs), word_cap=20)):
         spec["colwidth"] = width
     table["classes"].append("colwidths-given")
 
