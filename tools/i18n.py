@@ -20,6 +20,14 @@ only that form finds the glued value. ``update`` rewrites every glue role of a t
 translated through ``book/locales/zh_CN/LC_MESSAGES/glue.po`` (``book/_ext/i18n_glue.py``), which ``update`` keeps
 in step with the values the English build glued, the diagrams' labels, the words of the tables cells print and the
 texts of the figures (drawn in Chinese as each page executes: ``book/_ext/i18n_figures.py``).
+
+Two rules keep a build on another machine from meeting an untranslated text. A text that a measurement picks at build
+time is glued with ``mha.glued.glue_one_of(name, value, choices)``: glue.po holds every choice, and the Chinese build
+fails on a missing one whichever was picked. A code cell whose printed text a Chinese reader should read in Chinese
+(a checker's message) is tagged ``translate-output``: its printed text goes through glue.po; other printed output
+(numbers, arrays) is shown as the English build printed it. Math is kept as written, but for the words of its
+``\text{...}``, which a translation may write in Chinese (``book/_ext/i18n_glue.py``'s ``TranslateMathBlocks`` puts a
+display equation's translation in place).
 """
 
 from __future__ import annotations

@@ -49,12 +49,14 @@ CJK = r"""
 
 # The references page is the bibliography's chapter: Sphinx's sphinxthebibliography would open a second one, titled
 # "Bibliography", right after it. Its running head says References, as the page does. The contents are "Contents":
-# Sphinx names them after the root page's first captioned table of contents, which here is part I's.
+# Sphinx names them after the root page's first captioned table of contents, which here is part I's, in babel's
+# English captions (which babel applies after \AtBeginDocument's hooks, so the name is added to them after Sphinx's).
 BIBLIOGRAPHY = r"""
 \makeatletter
 \renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
 \makeatother
-\AtBeginDocument{\renewcommand{\bibname}{References}\renewcommand{\contentsname}{Contents}}
+\AtBeginDocument{\renewcommand{\bibname}{References}}
+\ifdefined\captionsenglish\addto\captionsenglish{\renewcommand{\contentsname}{Contents}}\fi
 """
 LANDSCAPE = r"\usepackage{pdflscape}"  # the landscape pages of wide tables
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
