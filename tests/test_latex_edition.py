@@ -72,9 +72,12 @@ def test_a_markdown_table_gets_widths_so_that_its_columns_wrap():
     """The claims appendix's tables (more than 30 rows: a longtable) had ``l`` columns, which never wrap, and ran off
     the page: given widths, the column of long text is wider than the column of short identifiers."""
     long = _markdown_table([["N001-01", "「每个头都要独立计算，显存占用大」 every head computes independently " * 3]] * 31)
+    nodes.section("", long)  # a table sits in its page, where the smaller type is put around it
     _size_table(long)
+    assert [n.astext() for n in long.parent.children if isinstance(n, nodes.raw)][0].startswith(r"\begingroup")
     widths = [spec["colwidth"] for spec in long.findall(nodes.colspec)]
     assert "colwidths-given" in long["classes"] and widths[1] > widths[0] >= len("N001-01") + 2
     verdict = _markdown_table([["N001-01", "成立，但有保留"]] * 3)  # Chinese: each character two letters wide
+    nodes.section("", verdict)
     _size_table(verdict)
     assert [spec["colwidth"] for spec in verdict.findall(nodes.colspec)] == [9, 8]  # 8: the least

@@ -100,8 +100,12 @@ def test_words_inside_math_are_chinese_on_chinese_pages():
 
     assert i18n.preserved(r"$M = 4 \text{ bytes per number}$", r"$M = 4 \text{ 每个数的字节数}$") == []
     assert i18n.preserved(r"$M = 4 \text{ bytes}$", r"$M = 8 \text{ 字节}$") != []  # the math itself must not change
-    phrase = re.compile(r"\\text\{[^{}]*\b[a-z]{2,}\b\s+[^{}]*\b[a-z]{2,}\b[^{}]*\}")
+    # two lowercase words, or one word with a space beside it (a connective: "\text{ as }", "\text{ and }")
+    phrase = re.compile(r"\\text\{(?:[^{}]*\b[a-z]{2,}\b\s+[^{}]*\b[a-z]{2,}\b[^{}]*"
+                        r"|\s+[a-z]{2,}\s*|\s*[a-z]{2,}\s+)\}")
     assert phrase.search(r"\text{a window of } w") and not phrase.search(r"\text{post-LN（笔记 000）}")
+    assert phrase.search(r"\ \text{ as } L") and phrase.search(r"QK^\top\text{ and }AV")
+    assert not phrase.search(r"\text{head}_i")
     found = []
     for path in sorted(i18n.CATALOGS.rglob("*.po")):
         with open(path, "rb") as f:

@@ -451,12 +451,16 @@ def chinese_title() -> str:
         return {m.id: m.string for m in read_po(f)}.get("Multi-Head Attention, Derived") or "Multi-Head Attention"
 
 
+CHINESE_AUTHOR = "《推导多头注意力》编写组"  # "The Multi-Head Attention, Derived team"
+
+
 def chinese_options() -> list[str]:
     """sphinx-build's options for the Chinese edition (HTML and PDF): the language, the staged catalogs, the title and
     the interface words the theme and myst-nb take from configuration rather than from Sphinx's own catalogs."""
     staged = stage_catalogs()
     title = chinese_title()
     return ["-D", f"language={LANGUAGE}", "-D", f"locale_dirs={staged}", "-D", f"html_title={title}",
+            "-D", f"author={CHINESE_AUTHOR}",  # the footer's and the PDF's author line
             "-D", "nb_code_prompt_show=显示代码单元", "-D", "nb_code_prompt_hide=隐藏代码单元",
             "-D", "html_theme_options.search_bar_text=搜索本书……", "-D", "togglebutton_hint=点击显示",
             "-D", "togglebutton_hint_hide=点击隐藏",

@@ -35,7 +35,6 @@ OUT = BUILD / "pdf"
 NAMES = {"en": "multi-head-attention-derived.pdf", "zh": "multi-head-attention-derived-zh.pdf"}
 ROOT_DOC = "book/intro"
 REFERENCES = "book/references"
-CHINESE_AUTHOR = "《推导多头注意力》编写组"  # "The Multi-Head Attention, Derived team"
 TOOLS = ("xelatex", "latexmk")
 MISSING_GLYPH = re.compile(r"^Missing character: There is no (.+)$", re.M)
 
@@ -49,7 +48,7 @@ def _conf(language: str, pages: list[str] | None, work: Path) -> Path:
     contents holding only the introduction, those pages and the references; written to ``work``/conf."""
     text = i18n.write_conf().read_text()
     title = i18n.chinese_title() if language == "zh" else None
-    author = CHINESE_AUTHOR if language == "zh" else None
+    author = i18n.CHINESE_AUTHOR if language == "zh" else None
     text += f"\n# Added by tools/pdf.py\nlatex_documents = [({ROOT_DOC!r}, 'book.tex', {title!r} or html_title, " \
             f"{author!r} or author, 'manual')]\n"
     if pages:

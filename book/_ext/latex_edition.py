@@ -152,9 +152,10 @@ def _column_widths(cells: list[tuple[str, int]], n_cols: int, word_cap: int | No
 
 
 def _size_table(table: nodes.table) -> None:
-    """A Markdown table's column widths. Without them Sphinx set a table of more than 30 rows as a longtable of ``l``
-    columns, which never wrap (the claims appendix's tables ran off the page), and a shorter one as a tabulary, which
-    gave a column of identifiers ("N000-01") less than its width beside columns of Chinese text."""
+    """A Markdown table in print: column widths, a longtable (outside a box), smaller type. Without widths Sphinx set a
+    table of more than 30 rows as a longtable of ``l`` columns, which never wrap (the claims appendix's tables ran off
+    the page), and a shorter one as a tabulary, which gave a column of identifiers ("N000-01") less than its width
+    beside columns of Chinese text, and which cannot break across pages."""
     group = table.next_node(nodes.tgroup)
     specs = [child for child in group.children if isinstance(child, nodes.colspec)]
     rows = list(table.findall(nodes.row))
@@ -172,6 +173,13 @@ def _size_table(table: nodes.table) -> None:
     for spec, width in zip(specs, _column_widths(cells, len(specs), word_cap=20)):
         spec["colwidth"] = width
     table["classes"].append("colwidths-given")
+    if not any(isinstance(a, (nodes.Admonition, nodes.table)) for a in _ancestors(table)):
+        table["classes"].append("longtable")  # it may break across pages between rows (a tabular cannot break)
+    # set smaller, as the pandas tables are: in the body's size a row of the claims appendix (a quotation, a verdict
+    # and a comment) grew taller than what was left of its page and ran over the footer (a row cannot break)
+    parent, index = table.parent, table.parent.index(table)
+    parent.insert(index + 1, nodes.raw("", r"\endgroup", format="latex"))
+    parent.insert(index, nodes.raw("", r"\begingroup\footnotesize\setlength{\tabcolsep}{3pt}", format="latex"))
 
 
 class PrintLayout(SphinxPostTransform):
@@ -284,8 +292,10 @@ def _parts(app: Sphinx, doctree) -> None:
     # in the contents
     front = doctree.next_node(nodes.section)
     if front is not None:
-        front.insert(1, nodes.raw("", r"\edef\mhasecnumdepth{\the\value{secnumdepth}}\setcounter{secnumdepth}{-1}",
-                                  format="latex"))
+        # its first pages' running heads: the book's title (they carried the contents' name, or part I's)
+        title = escape(app.config.latex_documents[0][2]) if app.config.latex_documents else ""
+        front.insert(1, nodes.raw("", r"\edef\mhasecnumdepth{\the\value{secnumdepth}}\setcounter{secnumdepth}{-1}"
+                                      + (r"\markboth{" + title + "}{" + title + "}" if title else ""), format="latex"))
     tocs = list(doctree.findall(addnodes.toctree))
     if front is not None and tocs:  # numbered again from the first chapter the contents hold
         tocs[0].parent.insert(tocs[0].parent.index(tocs[0]),
@@ -294,7 +304,11 @@ def _parts(app: Sphinx, doctree) -> None:
         caption = toc.get("caption")
         if not caption:
             continue
-        latex = r"\appendix" if any(doc.startswith("book/appendix/") for _, doc in toc["entries"]) else ""
+        # the appendices: lettered, and so are their equations, figures and tables (Sphinx numbers those by the
+        # chapter's arabic number, so appendix A's first equation was (1.1), as chapter 1's is)
+        latex = (r"\appendix" + "".join(rf"\renewcommand{{\the{c}}}{{\thechapter.\arabic{{{c}}}}}"
+                                        for c in ("equation", "figure", "table"))
+                 if any(doc.startswith("book/appendix/") for _, doc in toc["entries"]) else "")
         title = escape(caption)
         # the contents line is written on the part's own page (written after \part*, it named the next page)
         latex += r"\cleardoublepage\phantomsection\addcontentsline{toc}{part}{" + title + r"}\part*{" + title + "}"
