@@ -509,7 +509,8 @@ def test_the_chapter_ends_with_a_write_it_yourself_block_whose_solution_passes()
     body = block["body"]
     assert "raise NotImplementedError" in re.search(r"^```python\n(.*?)^```", body, re.M | re.S).group(1)
     solution = re.search(r":class: dropdown\n```python\n(.*?)^```", body, re.M | re.S).group(1)
-    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input\]\n\n(.*?)^```", body, re.M | re.S).group(1)
+    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input, translate-output\]\n\n(.*?)^```", body,
+                     re.M | re.S).group(1)  # hidden; its printed line shown in Chinese on the Chinese page
     assert cell.startswith(solution) and "exercises.check_gated_attention(" in cell
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -563,7 +563,8 @@ def test_the_pages_write_it_yourself_solution_passes():
     body = block["body"]
     assert "raise NotImplementedError" in re.search(r"^```python\n(.*?)^```", body, re.M | re.S).group(1)
     solution = re.search(r":class: dropdown\n```python\n(.*?)^```", body, re.M | re.S).group(1)
-    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input\]\n\n(.*?)^```", body, re.M | re.S).group(1)
+    cell = re.search(r"^```\{code-cell\} ipython3\n:tags: \[remove-input, translate-output\]\n\n(.*?)^```", body,
+                     re.M | re.S).group(1)  # hidden; its printed line shown in Chinese on the Chinese page
     assert cell.startswith(solution) and "exercises.check_latent_decode_step(" in cell
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
