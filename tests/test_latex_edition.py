@@ -13,7 +13,7 @@ pd = pytest.importorskip("pandas")
 from docutils import nodes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from latex_edition import _size_table, html_table  # noqa: E402
+from latex_edition import _size_table, html_table, unboxed_in_print  # noqa: E402
 
 
 def _grid(container):
@@ -81,3 +81,12 @@ def test_a_markdown_table_gets_widths_so_that_its_columns_wrap():
     nodes.section("", verdict)
     _size_table(verdict)
     assert [spec["colwidth"] for spec in verdict.findall(nodes.colspec)] == [9, 8]  # 8: the least
+
+
+def test_exercises_with_solutions_and_solutions_are_not_boxed_in_print():
+    """A box cannot break across pages: an exercise whose solution's code is long ran over the footer."""
+    solution = nodes.admonition("", nodes.title("", "Solution"), nodes.literal_block("", "x = 1\n" * 80),
+                                classes=["dropdown"])
+    exercise = nodes.admonition("", nodes.title("", "Write it yourself"), nodes.paragraph("", "Write it."), solution)
+    note = nodes.admonition("", nodes.title("", "What the notes say"), nodes.paragraph("", "A quotation."))
+    assert unboxed_in_print(exercise) and unboxed_in_print(solution) and not unboxed_in_print(note)

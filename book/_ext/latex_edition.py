@@ -59,6 +59,14 @@ BIBLIOGRAPHY = r"""
 \ifdefined\captionsenglish\addto\captionsenglish{\renewcommand{\contentsname}{Contents}}\fi
 """
 LANDSCAPE = r"\usepackage{pdflscape}"  # the landscape pages of wide tables
+# Inline code may also break after an underscore: a long identifier in a table cell
+# (``_scaled_dot_product_flash_attention_for_cpu``) ran past the edge of the page.
+UNDERSCORE_BREAKS = r"""
+\makeatletter
+\let\mha@sphinxupquote\sphinxupquote
+\protected\def\sphinxupquote#1{\mha@sphinxupquote{\def\_{\textunderscore\allowbreak}#1}}
+\makeatother
+"""
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
 # names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the
 # ones above (fontset=none).
@@ -71,7 +79,7 @@ CHINESE = r"""
 def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
     elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK,
-                "preamble": BIBLIOGRAPHY + LANDSCAPE + (CHINESE if chinese else "")}
+                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + (CHINESE if chinese else "")}
     if chinese:
         elements["fncychap"] = ""
     config.latex_elements = {**elements, **(config.latex_elements or {})}
@@ -184,7 +192,7 @@ def _size_table(table: nodes.table) -> None:
 
 class PrintLayout(SphinxPostTransform):
     """For the LaTeX builder only: Markdown tables given column widths, HTML tables as tables, hidden cell inputs
-    removed, nested admonitions unboxed, citations in captions unlinked."""
+    removed, nested admonitions and solutions unboxed, citations in captions unlinked."""
 
     default_priority = 900  # after the citations are resolved (sphinxcontrib-bibtex) and glue pasted
     builders = ("latex",)
@@ -207,9 +215,9 @@ class PrintLayout(SphinxPostTransform):
             if "tag_hide-input" in cell["classes"]:
                 for child in [c for c in cell.children if "cell_input" in c.get("classes", [])]:
                     cell.remove(child)
-        for inner in list(self.document.findall(nodes.Admonition)):
-            if not _inside_admonition(inner):
-                continue
+        # unboxed: a box inside a box, a solution (a dropdown on the web) and an exercise that holds one, whose code
+        # can be longer than a page: such a box did not break across pages and ran over the footer
+        for inner in [box for box in self.document.findall(nodes.Admonition) if unboxed_in_print(box)]:
             block = nodes.container(classes=["unboxed-admonition"])
             for child in inner.children:
                 if isinstance(child, nodes.title):
@@ -243,6 +251,13 @@ def _place_table(block: nodes.container) -> None:
     if "wide-table" in block["classes"]:
         block.parent.insert(block.parent.index(block), nodes.raw("", r"\begin{landscape}", format="latex"))
         block.parent.insert(block.parent.index(block) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
+
+
+def unboxed_in_print(box: nodes.Admonition) -> bool:
+    """Whether a box is printed as a titled block instead: a box inside a box, a solution (a dropdown on the web) and
+    an exercise that holds one (a box does not break across pages, and a long solution's code ran over the footer)."""
+    return (_inside_admonition(box) or "dropdown" in box["classes"]
+            or any("dropdown" in inner["classes"] for inner in box.findall(nodes.Admonition) if inner is not box))
 
 
 def _ancestors(node: nodes.Node):
