@@ -67,6 +67,14 @@ UNDERSCORE_BREAKS = r"""
 \protected\def\sphinxupquote#1{\mha@sphinxupquote{\def\_{\textunderscore\allowbreak}#1}}
 \makeatother
 """
+# A table's columns of given width (sphinxlatextables.sty's \X) set ragged right: justified in a narrow column, a
+# line of Chinese was stretched letter by letter ("缓 存 相 同 的").
+RAGGED_COLUMNS = r"""
+\makeatletter
+\newcolumntype{\X}[2]{>{\raggedright\arraybackslash}p{\dimexpr
+      (\linewidth-\spx@arrayrulewidth)*#1/#2-\tw@\tabcolsep-\spx@arrayrulewidth\relax}}
+\makeatother
+"""
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
 # names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the
 # ones above (fontset=none).
@@ -79,7 +87,8 @@ CHINESE = r"""
 def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
     elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK,
-                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + (CHINESE if chinese else "")}
+                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS
+                + (CHINESE if chinese else "")}
     if chinese:
         elements["fncychap"] = ""
     config.latex_elements = {**elements, **(config.latex_elements or {})}
