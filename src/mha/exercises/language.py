@@ -56,6 +56,7 @@ def tr(text: str) -> str:
 # +1000", "no biases, mask=None", "x_q (2, 5, 12)"). A phrase with a word in it (three letters or more, not part of a
 # name such as n_heads, mask= or x.max() is translated; shapes, flags and code are kept.
 _SEPARATORS = (": ", ", ", "; ")
+_SEPARATORS_ZH = {": ": "：", ", ": "，", "; ": "；"}  # the same separators in Chinese punctuation
 _WORD = re.compile(r"(?<![\w=.\-])[A-Za-z]{3,}(?![\w=(.])")
 _NUMBER = re.compile(r"\d+")
 
@@ -98,7 +99,8 @@ def case_name(name: str) -> str:
     if get_language() == "en":
         return name
     parts = _split(name)
-    return "".join(_phrase(part) if i % 2 == 0 and _WORD.search(part) else part for i, part in enumerate(parts))
+    return "".join(_phrase(part) if i % 2 == 0 and _WORD.search(part) else
+                   _SEPARATORS_ZH[part] if i % 2 else part for i, part in enumerate(parts))
 
 
 def untranslated() -> list[str]:

@@ -215,6 +215,10 @@ MESSAGES: dict[str, str] = {
         'alpha = exp(m_old - m_new) 落在 [0, 1] 中：最大值增大时，它把旧的项缩小。',
     'alpha = exp(m_old - m_new); l = alpha * l + rowsum(P); acc = alpha * acc + P @ V_block.':
         'alpha = exp(m_old - m_new)；l = alpha * l + rowsum(P)；acc = alpha * acc + P @ V_block。',
+    '({parts})':
+        '（{parts}）',
+    '; ':
+        '；',
     'also wrong: {names}':
         '同样有误：{names}',
     'angles = positions[..., None] * theta: the positions may start after a KV cache, skip, or differ from one sequence to the next (positions of shape (N, 1, L)).':

@@ -369,7 +369,7 @@ def _mismatch_message(checker, case, backend, outputs, actual, wrong, bug) -> st
         also = [o.name for i, o in enumerate(outputs) if i in wrong[1:]]
         parts = ([tr("also wrong: {names}").format(names=", ".join(also))] if also else []) + (
             [tr("right: {names}").format(names=", ".join(right))] if right else [])
-        lines += "    (" + "; ".join(parts) + ")\n"
+        lines += "    " + tr("({parts})").format(parts=tr("; ").join(parts)) + "\n"
     if bug == "outputs_swapped":
         order = _swapped_order(case, actual)
         lines += tr("    (your function returned ({returned}) instead of ({expected}))\n").format(
