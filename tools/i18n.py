@@ -307,11 +307,19 @@ def output_texts() -> dict:
         figure = figure_output(output)
         if figure:
             add(figure["texts"], f"{page} (figure)")
-    for page, cell in _executed_cells():  # the printed text of the cells tagged translate-output
+    for page, cell in _executed_cells():  # the printed text and shown Markdown of the cells tagged translate-output
         if translated_output_cell(cell.get("metadata")):
-            add(["".join(o["text"]).strip() for o in cell.get("outputs", []) if o.get("output_type") == "stream"],
-                f"{page} (printed)")
+            outputs = cell.get("outputs", [])
+            add(["".join(o["text"]).strip() for o in outputs if o.get("output_type") == "stream"], f"{page} (printed)")
+            add([markdown_words(o["data"]["text/markdown"]) for o in outputs
+                 if "text/markdown" in (o.get("data") or {})], f"{page} (shown)")
     return texts
+
+
+def markdown_words(markdown) -> str:
+    """The text of a cell's Markdown output as the build's nodes hold it: a bold title without its asterisks."""
+    text = ("".join(markdown) if isinstance(markdown, list) else markdown).strip()
+    return text[2:-2].strip() if text.startswith("**") and text.endswith("**") else text
 
 
 def figures_without_chinese() -> list[str]:

@@ -236,12 +236,23 @@ def translated_output_cell(cell_metadata: dict) -> bool:
 
 
 def translate_streams(document, translations: dict) -> list[tuple[str, nodes.Node]]:
-    """Replace the printed text of every code cell of ``document`` tagged ``translate-output`` by its translation;
-    return (text, cell) for each printed text that has none."""
+    """Replace the printed text of every code cell of ``document`` tagged ``translate-output``, and the words of the
+    Markdown it displays (a title in bold), by their translations; return (text, cell) for each text that has none."""
     missing = []
     for cell in document.findall(nodes.container):
         if cell.get("nb_element") != "cell_code" or not translated_output_cell(cell.get("cell_metadata")):
             continue
+        markdown = [n for n in cell.findall(nodes.container) if n.get("mime_type") == "text/markdown"]
+        for shown in markdown:
+            for text in list(shown.findall(nodes.Text)):
+                english = str(text).strip()
+                if not has_words(english):
+                    continue
+                chinese = translate(english, translations)
+                if chinese is None:
+                    missing.append((english, cell))
+                    continue
+                text.parent.replace(text, nodes.Text(str(text).replace(english, chinese)))
         for block in list(cell.findall(nodes.literal_block)):
             if "stream" not in block["classes"]:
                 continue

@@ -84,9 +84,17 @@ CHINESE = r"""
 """
 
 
+# In the English edition, which loads xeCJK only for its few Chinese words, the curly quotes, the apostrophe, the em
+# dash and the ellipsis stay Western punctuation: xeCJK took them for Chinese, set them full width and dropped the
+# space beside them ("today’ s", "Part I —Deriving").
+WESTERN_PUNCTUATION = r"""
+\xeCJKDeclareCharClass{Default}{"2014,"2018,"2019,"201C,"201D,"2026}
+"""
+
+
 def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
-    elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK,
+    elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK + ("" if chinese else WESTERN_PUNCTUATION),
                 "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS
                 + (CHINESE if chinese else "")}
     if chinese:
