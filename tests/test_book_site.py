@@ -482,6 +482,27 @@ def test_chinese_pages_show_the_themes_interface_words_in_chinese(build):
     assert not problems, "interface words not in Chinese:\n" + "\n".join(problems[:10])
 
 
+@pytest.mark.book
+def test_the_translated_outputs_are_shown_in_chinese(build):
+    """The printed text and displayed Markdown of cells tagged translate-output (a checker's message, the benchmarks
+    appendix's section titles): glue.po's Chinese on the Chinese page, and its English nowhere on it. (The titles had
+    translations that never reached the page: myst-nb had unwrapped the Markdown before the translation looked.)"""
+    from babel.messages.pofile import read_po
+
+    with open(i18n.GLUE_CATALOG, "rb") as f:
+        entries = [m for m in read_po(f) if m.id and not m.context
+                   and any(c.endswith(("(printed)", "(shown)")) for c in m.auto_comments)]
+    assert entries, "glue.po lists no printed or shown text"
+    problems = []
+    for m in entries:
+        for comment in m.auto_comments:
+            page = ZH / (comment.rsplit(" (", 1)[0] + ".html")
+            text = " ".join(_text(page.read_text(encoding="utf-8")).split())
+            if " ".join(m.string.split()) not in text or " ".join(m.id.split()) in text:
+                problems.append(f"zh/{page.relative_to(ZH).as_posix()}: {m.id[:80]!r}")
+    assert not problems, "outputs not shown in Chinese:\n" + "\n".join(problems)
+
+
 DISPLAY_MATH = re.compile(r'<div class="math notranslate nohighlight"[^>]*>(.*?)</div>', re.S)
 MATH_WORDS = re.compile(r"\\text\{[^{}]*\}")
 

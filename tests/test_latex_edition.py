@@ -13,7 +13,7 @@ pd = pytest.importorskip("pandas")
 from docutils import nodes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from latex_edition import _size_table, html_table, unboxed_in_print  # noqa: E402
+from latex_edition import _breakable_paths, _size_table, html_table, unboxed_in_print  # noqa: E402
 
 
 def _grid(container):
@@ -90,3 +90,15 @@ def test_exercises_with_solutions_and_solutions_are_not_boxed_in_print():
     exercise = nodes.admonition("", nodes.title("", "Write it yourself"), nodes.paragraph("", "Write it."), solution)
     note = nodes.admonition("", nodes.title("", "What the notes say"), nodes.paragraph("", "A quotation."))
     assert unboxed_in_print(exercise) and unboxed_in_print(solution) and not unboxed_in_print(note)
+
+
+def test_a_path_in_a_bibliography_entry_may_break_after_its_slashes_and_underscores():
+    """src/transformers/models/llama/convert_llama_weights_to_hf.py, as one word, ran 113 pt off the page."""
+    link = nodes.reference("", "https://example.org/a/b_c", refuri="https://example.org/a/b_c")
+    entry = nodes.citation("", nodes.paragraph("", "", nodes.Text("Transformers: src/models/convert_llama.py, "), link))
+    _breakable_paths(entry)
+    paragraph = entry.children[0]
+    assert [n.astext() for n in paragraph.children if isinstance(n, nodes.Text)] == [
+        "Transformers: src/", "models/", "convert_", "llama.py, "]
+    assert sum(isinstance(n, nodes.raw) for n in paragraph.children) == 3
+    assert link.astext() == "https://example.org/a/b_c" and link.parent is paragraph  # the link as it was

@@ -279,7 +279,7 @@ def test_a_tagged_cells_printed_text_is_translated_and_only_its_own():
 
     # a bold title the cell displays as Markdown (display(Markdown("**Runs**"))): its words, as update lists them
     shown = nodes.container(nb_element="cell_code", cell_metadata={"tags": ["translate-output"]})
-    shown += nodes.container("", nodes.paragraph("", "", nodes.strong("", "Runs")), mime_type="text/markdown")
+    shown += nodes.container("", nodes.paragraph("", "", nodes.strong("", "Runs")), nb_element="cell_code_output")
     assert i18n.markdown_words("**Runs**") == "Runs"
     assert i18n_glue.translate_streams(shown, {"Runs": "运行记录"}) == []
     assert shown.astext() == "运行记录"

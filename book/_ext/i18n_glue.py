@@ -22,7 +22,8 @@ labels in glue.po (``diagram_labels``); a label with no translation is a build w
 The tables a cell shows or glues (pandas' HTML) go through it too: each string of a table cell with words in it
 (a header, "solved", a model's source) is replaced by its translation (``TranslateTables``), so a Chinese page's
 tables speak Chinese while every number stays the English build's. ``tools/i18n.py update`` lists the cells' texts
-(``table_texts``). So does the printed text of a code cell tagged ``translate-output`` (``TranslateStreams``).
+(``table_texts``). So do the printed text and the displayed Markdown of a code cell tagged ``translate-output``
+(``TranslateStreams``), and the words of a display equation's ``\\text{...}`` (``TranslateMathBlocks``).
 """
 
 from __future__ import annotations
@@ -242,8 +243,9 @@ def translate_streams(document, translations: dict) -> list[tuple[str, nodes.Nod
     for cell in document.findall(nodes.container):
         if cell.get("nb_element") != "cell_code" or not translated_output_cell(cell.get("cell_metadata")):
             continue
-        markdown = [n for n in cell.findall(nodes.container) if n.get("mime_type") == "text/markdown"]
-        for shown in markdown:
+        # the Markdown it displays: paragraphs of its output (myst-nb has chosen the Markdown of each output by now)
+        outputs = [n for n in cell.findall(nodes.container) if n.get("nb_element") == "cell_code_output"]
+        for shown in [paragraph for output in outputs for paragraph in output.findall(nodes.paragraph)]:
             for text in list(shown.findall(nodes.Text)):
                 english = str(text).strip()
                 if not has_words(english):
@@ -267,8 +269,9 @@ def translate_streams(document, translations: dict) -> list[tuple[str, nodes.Nod
 
 
 class TranslateStreams(SphinxPostTransform):
-    """The Chinese edition's printed text of the cells tagged ``translate-output`` (``translate_streams``): the whole
-    text from glue.po (numbers carried over as in glued text); a text with no translation is a build warning."""
+    """The Chinese edition's printed text and displayed Markdown of the cells tagged ``translate-output``
+    (``translate_streams``), from glue.po (numbers carried over as in glued text); a text with no translation is a
+    build warning."""
 
     default_priority = 800
 

@@ -242,6 +242,8 @@ class PrintLayout(SphinxPostTransform):
                 else:
                     block += child
             inner.replace_self(block)
+        for citation in list(self.document.findall(nodes.citation)):
+            _breakable_paths(citation)
         for caption in list(self.document.findall(nodes.caption)):
             for link in list(caption.findall(nodes.reference)):
                 link.replace_self(nodes.inline("", "", *link.children))
@@ -268,6 +270,22 @@ def _place_table(block: nodes.container) -> None:
     if "wide-table" in block["classes"]:
         block.parent.insert(block.parent.index(block), nodes.raw("", r"\begin{landscape}", format="latex"))
         block.parent.insert(block.parent.index(block) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
+
+
+PATH_BREAK = re.compile(r"(?<=[/_])(?=\w)")  # after a slash or an underscore inside a path or a name
+
+
+def _breakable_paths(citation: nodes.citation) -> None:
+    """A bibliography entry's file paths (``src/transformers/models/llama/convert_llama_weights_to_hf.py``) may break
+    after a slash or an underscore: as one word, such a path ran off the page. Links are left as they are."""
+    for text in list(citation.findall(nodes.Text)):
+        if any(isinstance(a, nodes.reference) for a in _ancestors(text)) or not PATH_BREAK.search(str(text)):
+            continue
+        pieces = PATH_BREAK.split(str(text))
+        parts = [nodes.Text(pieces[0])]
+        for piece in pieces[1:]:
+            parts += [nodes.raw("", r"\allowbreak{}", format="latex"), nodes.Text(piece)]
+        text.parent.replace(text, parts)
 
 
 def unboxed_in_print(box: nodes.Admonition) -> bool:
