@@ -102,3 +102,14 @@ def test_a_path_in_a_bibliography_entry_may_break_after_its_slashes_and_undersco
         "Transformers: src/", "models/", "convert_", "llama.py, "]
     assert sum(isinstance(n, nodes.raw) for n in paragraph.children) == 3
     assert link.astext() == "https://example.org/a/b_c" and link.parent is paragraph  # the link as it was
+
+
+def test_a_table_whose_columns_need_more_than_a_portrait_page_is_set_in_landscape():
+    """The reproducibility appendix's runs: a column of 37-letter sweep names beside seven columns of numbers, whose
+    numbers ran into each other on a portrait page."""
+    wide = pd.DataFrame({"sweep": ["head-count-fixed-head-dim-shakespeare"], "run_id": ["68d7a3be6343"],
+                         "committed val loss": [1.386193], "val loss here": [0.837000],
+                         "relative move": [3.961879e-01], "metrics compared": [30], "before = after": [True]})
+    assert "wide-table" in html_table(wide.to_html())["classes"]
+    narrow = pd.DataFrame({"heads": [1, 2], "loss": [1.38, 1.21]})
+    assert "wide-table" not in html_table(narrow.to_html())["classes"]

@@ -56,7 +56,8 @@ BIBLIOGRAPHY = r"""
 \renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
 \makeatother
 \AtBeginDocument{\renewcommand{\bibname}{References}}
-\ifdefined\captionsenglish\addto\captionsenglish{\renewcommand{\contentsname}{Contents}}\fi
+\ifdefined\captionsenglish\addto\captionsenglish{\renewcommand{\contentsname}{Contents}%
+  \renewcommand{\bibname}{References}}\fi
 """
 LANDSCAPE = r"\usepackage{pdflscape}"  # the landscape pages of wide tables
 # Inline code may also break after an underscore: a long identifier in a table cell
@@ -106,6 +107,7 @@ def _configure(app: Sphinx, config: Config) -> None:
 
 
 WIDE_COLUMNS = 10
+PORTRAIT_LETTERS = 100  # the most letters of column widths (_column_widths) a portrait page holds in small type
 CJK_CHARACTER = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 UNBREAKABLE = re.compile(r"[^\s\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]+")  # a run that LaTeX will not break
 
@@ -152,9 +154,10 @@ def html_table(html: str) -> nodes.container | None:
         if rows:
             section += [nodes.row("", *entries) for entries in rows]
             group += section
-    # a table of more than ten columns is set smaller, on a landscape page (PrintLayout): on a portrait page its
-    # columns were cut off at the right edge or its rows ran past the foot of the page
-    wide = n_cols > WIDE_COLUMNS
+    # a table of more than ten columns, or whose columns need more than a portrait page's width, is set smaller, on a
+    # landscape page (PrintLayout): on a portrait page its columns were cut off at the right edge, its rows ran past
+    # the foot of the page, or its numbers ran into each other (a column of 37-letter sweep names beside seven more)
+    wide = n_cols > WIDE_COLUMNS or sum(widths) > PORTRAIT_LETTERS
     size = (r"\scriptsize" if wide else r"\footnotesize") + r"\setlength{\tabcolsep}{2pt}"
     return nodes.container("", nodes.raw("", r"\begingroup" + size, format="latex"),
                            nodes.table("", group, classes=["colwidths-given"]),
