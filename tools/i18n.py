@@ -59,8 +59,8 @@ GLUE_CATALOG = CATALOGS / "glue.po"
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 # the Chinese drawing of each figure, made as a page executes, and the translations it is drawn with
 from i18n_figures import figure_output, translations as figure_translations  # noqa: E402
-from i18n_glue import (checker_messages, diagram_labels, has_words, table_texts,  # noqa: E402 - the build's own
-                       translate, translated_output_cell)  # rules: which texts, how
+from i18n_glue import (checker_messages, diagram_labels, glued_choices, has_words,  # noqa: E402 - the build's
+                       table_texts, translate, translated_output_cell)  # own rules: which texts, how
 from mha.glued import CHOICES_SUFFIX  # noqa: E402 - the key of a glued text's possible values
 
 GLUE_ROLE = re.compile(r"\{glue:(?P<kind>text|md|math)\}`(?P<path>[^`:]*?::)?(?P<key>[A-Za-z_][\w]*)(?P<fmt>:[^`]*)?`")
@@ -157,11 +157,7 @@ def glue_page(page: str, path: str | None) -> str:
 
 def glue_choices(values: dict, page: str, key: str) -> list[str]:
     """Every text ``page``'s cell could have glued as ``key`` (``mha.glued.glue_one_of``): [] when it glued no list."""
-    plain = values.get((page, key + CHOICES_SUFFIX))
-    choices = ast.literal_eval(plain) if plain else []
-    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-        raise ValueError(f"{page}::{key}{CHOICES_SUFFIX} must be a list of str, got {plain!r}")
-    return choices
+    return glued_choices(values.get((page, key + CHOICES_SUFFIX)), f"{page}::{key}{CHOICES_SUFFIX}")
 
 
 def glue_texts(values: dict, catalogs, markdown: dict | None = None) -> dict:
@@ -269,18 +265,23 @@ def _executed_cells():
                 yield page, cell
 
 
-def _executed_outputs():
-    """(page, output) for every output of the English build's executed pages (``_executed_cells``) and every value
-    they glued."""
+def _glued_outputs():
+    """(page, output) for every value the English build's executed pages glued."""
     import json
 
-    for page, cell in _executed_cells():
-        for output in cell.get("outputs", []):
-            yield page, output
     for path in sorted(EXECUTED.rglob("*.glue.json")):
         page = path.relative_to(EXECUTED).as_posix()[: -len(".glue.json")]
         for output in json.loads(path.read_text()).values():
             yield page, output
+
+
+def _executed_outputs():
+    """(page, output) for every output of the English build's executed pages (``_executed_cells``) and every value
+    they glued."""
+    for page, cell in _executed_cells():
+        for output in cell.get("outputs", []):
+            yield page, output
+    yield from _glued_outputs()
 
 
 def _page_of(record) -> str | None:
@@ -300,19 +301,26 @@ def output_texts() -> dict:
             if where not in texts.setdefault(text, []):
                 texts[text].append(where)
 
-    for page, output in _executed_outputs():
+    def add_shown(page, output):
         for key, html in (output.get("data") or {}).items():
             if key.endswith("text/html") and html:
                 add(table_texts("".join(html) if isinstance(html, list) else html), f"{page} (table)")
         figure = figure_output(output)
         if figure:
             add(figure["texts"], f"{page} (figure)")
-    for page, cell in _executed_cells():  # the printed text and shown Markdown of the cells tagged translate-output
+
+    tagged = []  # the cells tagged translate-output, whose printed text and shown Markdown follow the tables
+    for page, cell in _executed_cells():  # the execution cache read once
+        for output in cell.get("outputs", []):
+            add_shown(page, output)
         if translated_output_cell(cell.get("metadata")):
-            outputs = cell.get("outputs", [])
-            add(["".join(o["text"]).strip() for o in outputs if o.get("output_type") == "stream"], f"{page} (printed)")
-            add([markdown_words(o["data"]["text/markdown"]) for o in outputs
-                 if "text/markdown" in (o.get("data") or {})], f"{page} (shown)")
+            tagged.append((page, cell.get("outputs", [])))
+    for page, output in _glued_outputs():
+        add_shown(page, output)
+    for page, outputs in tagged:
+        add(["".join(o["text"]).strip() for o in outputs if o.get("output_type") == "stream"], f"{page} (printed)")
+        add([markdown_words(o["data"]["text/markdown"]) for o in outputs
+             if "text/markdown" in (o.get("data") or {})], f"{page} (shown)")
     return texts
 
 

@@ -92,6 +92,15 @@ def translate(value: str, translations: dict, context: str | None = None) -> str
     return None
 
 
+def glued_choices(plain: str | None, where: str) -> list[str]:
+    """The texts of a glued list of choices (``mha.glued.glue_one_of``; ``plain`` its text/plain, None when the cell
+    glued none: []). ValueError, naming ``where``, when it is not a list of str."""
+    choices = literal_eval(plain) if plain else []
+    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise ValueError(f"{where}: the glued choices must be a list of str, got {plain!r}")
+    return choices
+
+
 def _install(app: Sphinx) -> None:
     if not app.config.language or app.config.language.startswith("en"):
         return
@@ -105,8 +114,8 @@ def _install(app: Sphinx) -> None:
         from mha.glued import CHOICES_SUFFIX
 
         data = crossref.read_glue_cache(app.env.mystnb_config.output_folder, node.refdoc)
-        plain = data.get(node.key + CHOICES_SUFFIX, {}).get("data", {}).get("text/plain")
-        return literal_eval(plain) if plain else []
+        return glued_choices(data.get(node.key + CHOICES_SUFFIX, {}).get("data", {}).get("text/plain"),
+                             f"{node.refdoc}::{node.key}")
 
     def translated_text_nodes(node, output):
         nodes_out = original(node, output)
@@ -240,6 +249,13 @@ def translate_streams(document, translations: dict) -> list[tuple[str, nodes.Nod
     """Replace the printed text of every code cell of ``document`` tagged ``translate-output``, and the words of the
     Markdown it displays (a title in bold), by their translations; return (text, cell) for each text that has none."""
     missing = []
+
+    def chinese_of(english, cell):
+        chinese = translate(english, translations)
+        if chinese is None:
+            missing.append((english, cell))
+        return chinese
+
     for cell in document.findall(nodes.container):
         if cell.get("nb_element") != "cell_code" or not translated_output_cell(cell.get("cell_metadata")):
             continue
@@ -248,23 +264,12 @@ def translate_streams(document, translations: dict) -> list[tuple[str, nodes.Nod
         for shown in [paragraph for output in outputs for paragraph in output.findall(nodes.paragraph)]:
             for text in list(shown.findall(nodes.Text)):
                 english = str(text).strip()
-                if not has_words(english):
-                    continue
-                chinese = translate(english, translations)
-                if chinese is None:
-                    missing.append((english, cell))
-                    continue
-                text.parent.replace(text, nodes.Text(str(text).replace(english, chinese)))
+                if has_words(english) and (chinese := chinese_of(english, cell)) is not None:
+                    text.parent.replace(text, nodes.Text(str(text).replace(english, chinese)))
         for block in list(cell.findall(nodes.literal_block)):
-            if "stream" not in block["classes"]:
-                continue
-            english = block.astext().strip()
-            chinese = translate(english, translations)
-            if chinese is None:
-                missing.append((english, cell))
-                continue
-            block.children = [nodes.Text(chinese + "\n")]
-            block.rawsource = chinese + "\n"
+            if "stream" in block["classes"] and (chinese := chinese_of(block.astext().strip(), cell)) is not None:
+                block.children = [nodes.Text(chinese + "\n")]
+                block.rawsource = chinese + "\n"
     return missing
 
 

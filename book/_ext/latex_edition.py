@@ -108,8 +108,9 @@ def _configure(app: Sphinx, config: Config) -> None:
 
 WIDE_COLUMNS = 10
 PORTRAIT_LETTERS = 100  # the most letters of column widths (_column_widths) a portrait page holds in small type
-CJK_CHARACTER = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
-UNBREAKABLE = re.compile(r"[^\s\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]+")  # a run that LaTeX will not break
+CJK_RANGES = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"  # CJK punctuation, ideographs, full-width forms
+CJK_CHARACTER = re.compile(f"[{CJK_RANGES}]")
+UNBREAKABLE = re.compile(rf"[^\s{CJK_RANGES}]+")  # a run that LaTeX will not break
 
 
 def html_table(html: str) -> nodes.container | None:
@@ -174,7 +175,7 @@ def _column_widths(cells: list[tuple[str, int]], n_cols: int, word_cap: int | No
         words = UNBREAKABLE.findall(text) or [""]
         longest = max(len(word) for word in words)
         unbreakable[c] = max(unbreakable[c], min(longest, word_cap) if word_cap else longest)
-        lengths[c] = max(lengths[c], len(text) + len(CJK_CHARACTER.findall(text)))  # a Chinese character is two letters wide
+        lengths[c] = max(lengths[c], len(text) + len(CJK_CHARACTER.findall(text)))  # a Chinese character: 2 wide
     # a column is at least 8 wide (a narrower one left no room for a word of three digits beside wide ones)
     return [max(word + 2, round(0.6 * min(length, 24)), 8) for word, length in zip(unbreakable, lengths)]
 
@@ -201,7 +202,7 @@ def _size_table(table: nodes.table) -> None:
     for spec, width in zip(specs, _column_widths(cells, len(specs), word_cap=20)):
         spec["colwidth"] = width
     table["classes"].append("colwidths-given")
-    if not any(isinstance(a, (nodes.Admonition, nodes.table)) for a in _ancestors(table)):
+    if not _in_a_box(table):
         table["classes"].append("longtable")  # it may break across pages between rows (a tabular cannot break)
     # set smaller, as the pandas tables are: in the body's size a row of the claims appendix (a quotation, a verdict
     # and a comment) grew taller than what was left of its page and ran over the footer (a row cannot break)
@@ -261,7 +262,7 @@ def _place_table(block: nodes.container) -> None:
     gets landscape pages (pdflscape)."""
     table = block.next_node(nodes.table)
     figure = next((a for a in _ancestors(block) if isinstance(a, nodes.figure)), None)
-    if not any(isinstance(a, (nodes.Admonition, nodes.table)) for a in _ancestors(figure or block)):
+    if not _in_a_box(figure or block):
         table["classes"].append("longtable")  # not in a box: it may break across pages
     if figure is not None:  # the caption follows the table as a paragraph (in longtable's \caption it broke LaTeX)
         caption = figure.next_node(nodes.caption)
@@ -303,6 +304,11 @@ def _ancestors(node: nodes.Node):
     while parent is not None:
         yield parent
         parent = parent.parent
+
+
+def _in_a_box(node: nodes.Node) -> bool:
+    """Inside an admonition or a table, where a longtable cannot go."""
+    return any(isinstance(a, (nodes.Admonition, nodes.table)) for a in _ancestors(node))
 
 
 def _inside_admonition(node: nodes.Node) -> bool:
