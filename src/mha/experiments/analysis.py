@@ -32,16 +32,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from mha._checks import check_float, check_int, check_shape, check_type
+from mha._checks import check_bool, check_float, check_int, check_shape, check_type
 from mha.experiments.model import TinyTransformer
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import evaluate
 
-__all__ = ["HEAD_CLASSES", "THRESHOLDS", "attention_maps", "offset_profile", "previous_token_score",
-           "induction_score", "repeat_induction_scores", "positional_score", "diffuse_score", "head_scores", "classify_heads",
-           "js_divergence", "pairwise_head_js", "off_diagonal", "principal_angles", "subspace_overlap", "head_blocks",
-           "pairwise_subspace_overlap", "head_importance", "single_head_ablation", "pruning_masks", "prune_curve",
-           "prunable_fraction"]
+__all__ = ["HEAD_CLASSES", "THRESHOLDS", "SELECTIVE_THRESHOLD", "attention_maps", "offset_profile",
+           "previous_token_score", "induction_score", "repeat_induction_scores", "positional_score", "diffuse_score",
+           "top_key_score", "head_scores", "classify_heads", "js_divergence", "pairwise_head_js", "off_diagonal", "principal_angles", "subspace_overlap", "head_blocks",
+           "pairwise_subspace_overlap", "head_importance", "single_head_ablation", "pruning_masks", "PRUNE_ORDERS",
+           "prune_curve", "prunable_fraction"]
 
 HEAD_CLASSES = ("induction", "previous-token", "diffuse", "positional", "other")
 """The classes of :func:`classify_heads`, in the order they are tried (the first whose score passes wins)."""
@@ -53,6 +53,11 @@ THRESHOLDS = {
     "positional": 0.8,  # rows differ from the position's mean row by at most 20% total variation
 }
 """Default thresholds of :func:`classify_heads` (score >= threshold passes)."""
+
+SELECTIVE_THRESHOLD = 0.5
+"""The "selective" class's cutoff on the top-3 score (:func:`top_key_score`, k = 3) that :func:`mha.experiments.
+studies.run_heads` records beside the committed classes: the three largest weights of a row hold, on average, at
+least half of what they could hold beyond a uniform row's share. Chosen before any run recorded the score."""
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -216,10 +221,31 @@ def diffuse_score(weights) -> np.ndarray:
     return (entropy[:, :, 1:] / max_entropy[1:]).mean(axis=(0, 2))
 
 
-def head_scores(weights, repeat_weights=None, period: int | None = None) -> dict[str, np.ndarray]:
-    """The four scores of one layer's heads: {"previous_token", "positional", "diffuse", "induction"}, each (h,).
+def top_key_score(weights, k: int = 1) -> np.ndarray:
+    """(h,): how much of each row's weight its ``k`` largest keys hold beyond what a uniform row gives them.
 
-    ``weights`` (N, h, L, L) on the task's input give the first three; ``repeat_weights`` on sequences repeating
+    For query t (t + 1 keys) with m the sum of its k largest weights, the row scores (m - k/(t+1)) / (1 - k/(t+1)):
+    0 for a uniform row, 1 for a row whose weight sits on at most k keys. Mean over sequences and over the queries
+    with more than k keys (t >= k). Unlike :func:`diffuse_score` it asks whether a few keys stand out, whichever
+    keys they are: a head that picks the same few keys by content on every row scores high though its rows are
+    far from one another across sequences (low :func:`positional_score`).
+
+    Book: part III, "What heads learn".
+    """
+    w = _check_weights(weights)
+    length = w.shape[-1]
+    check_int(f"k (with L={length} positions)", k, minimum=1, maximum=length - 1)
+    top = -np.sort(-w, axis=-1)[..., :k].sum(axis=-1)  # (N, h, L): the k largest weights of each row
+    uniform = k / np.arange(1, length + 1)  # (L,): what a uniform row gives k keys, k / (t + 1)
+    score = (top[:, :, k:] - uniform[k:]) / (1.0 - uniform[k:])  # queries t >= k
+    return score.mean(axis=(0, 2))
+
+
+def head_scores(weights, repeat_weights=None, period: int | None = None) -> dict[str, np.ndarray]:
+    """The scores of one layer's heads: {"previous_token", "positional", "diffuse", "top1", "top3", "induction"},
+    each (h,); "top1" and "top3" are :func:`top_key_score` with k = 1 and k = 3.
+
+    ``weights`` (N, h, L, L) on the task's input give the first five; ``repeat_weights`` on sequences repeating
     with ``period`` give the induction score (they may be ``weights`` itself when the input repeats). Without
     ``repeat_weights`` the induction score is left out.
 
@@ -227,6 +253,8 @@ def head_scores(weights, repeat_weights=None, period: int | None = None) -> dict
     """
     scores = {"previous_token": previous_token_score(weights), "positional": positional_score(weights),
               "diffuse": diffuse_score(weights)}
+    if np.shape(weights)[-1] > 3:  # top3 needs rows of more than three keys
+        scores.update(top1=top_key_score(weights, 1), top3=top_key_score(weights, 3))
     if repeat_weights is not None:
         if period is None:
             raise ValueError("period must be given with repeat_weights (the repeat's length)")
@@ -236,7 +264,8 @@ def head_scores(weights, repeat_weights=None, period: int | None = None) -> dict
     return scores
 
 
-def classify_heads(scores: dict[str, np.ndarray], thresholds: dict[str, float] | None = None) -> list[str]:
+def classify_heads(scores: dict[str, np.ndarray], thresholds: dict[str, float] | None = None,
+                   selective: float | None = None) -> list[str]:
     """One class per head from :func:`head_scores`: the first of :data:`HEAD_CLASSES` whose score passes.
 
     Order and default thresholds (:data:`THRESHOLDS`, score >= threshold): "induction" (induction >= 0.5),
@@ -245,9 +274,20 @@ def classify_heads(scores: dict[str, np.ndarray], thresholds: dict[str, float] |
     head is also positional (it attends by position), a uniform head is also positional. A score missing from
     ``scores`` (induction without repeated input) never passes.
 
+    With ``selective`` (a number in (0, 1]) a sixth class, "selective", is tested after "previous-token" and before
+    "diffuse": a head whose three largest weights stand out (``scores["top3"]``, :func:`top_key_score` with k = 3,
+    >= ``selective``) while its rows change with the input (positional score below its threshold), so a head that
+    picks a few keys by content is no longer filed as diffuse or positional. Without it (the default) the classes
+    are :data:`HEAD_CLASSES`, as the committed results were computed.
+
     Book: part III, "What heads learn".
     """
     thresholds = {**THRESHOLDS, **(thresholds or {})}
+    if selective is not None:
+        selective = check_float("selective", selective, minimum=0.0, maximum=1.0, min_inclusive=False)
+        if "top3" not in scores or "positional" not in scores:
+            raise ValueError(f"selective needs the scores 'top3' and 'positional' (head_scores on rows of more "
+                             f"than three keys), got keys {sorted(scores)}")
     unknown = sorted(set(thresholds) - set(THRESHOLDS))
     if unknown:
         raise ValueError(f"thresholds has unknown keys {unknown}; expected keys among {sorted(THRESHOLDS)}")
@@ -264,6 +304,10 @@ def classify_heads(scores: dict[str, np.ndarray], thresholds: dict[str, float] |
     for j in range(n_heads):
         label = "other"
         for name, key in order:
+            if (name == "diffuse" and selective is not None and arrays["top3"][j] >= selective
+                    and arrays["positional"][j] < thresholds["positional"]):
+                label = "selective"
+                break
             if key in arrays and arrays[key][j] >= thresholds[key]:
                 label = name
                 break
@@ -432,7 +476,7 @@ def _check_head_mask(model: TinyTransformer, head_mask) -> torch.Tensor:
 
 
 def head_importance(model: TinyTransformer, batches, head_mask: torch.Tensor | None = None,
-                    normalize: bool = True) -> np.ndarray:
+                    normalize: bool = True, signed: bool = False) -> np.ndarray:
     """Head importance I_h = E_x |dL(x) / d xi_h| (Michel, Levy and Neubig 2019), (n_layers, n_heads).
 
     xi is the model's ``head_mask`` (ones, or the given mask of a partly pruned model), each head's output is
@@ -441,10 +485,19 @@ def head_importance(model: TinyTransformer, batches, head_mask: torch.Tensor | N
     row is divided by its L2 norm (as Michel et al.), which makes layers comparable for a global ranking. Heads
     already pruned (xi_h = 0) get importance 0 and are left out of their layer's norm. Runs in eval mode.
 
+    With ``signed`` the derivative is averaged as it is, E_x[dL(x) / d xi_h], not its absolute value (then
+    ``normalize`` must be False): minus it is the first-order estimate of how much the mean loss rises when the
+    head is removed (xi_h: 1 -> 0), the quantity :func:`single_head_ablation` measures.
+
     Book: part III, "What heads learn".
     """
     batches = _check_model_and_batches(model, batches)
     mask = _check_head_mask(model, head_mask)
+    check_bool("normalize", normalize)
+    check_bool("signed", signed)
+    if signed and normalize:
+        raise ValueError("signed=True averages derivatives of both signs, which a per-layer L2 norm would not "
+                         "rescale meaningfully: pass normalize=False with it")
     active = mask != 0  # (n_layers, n_heads)
     total = torch.zeros_like(mask)
     count = 0
@@ -456,7 +509,7 @@ def head_importance(model: TinyTransformer, batches, head_mask: torch.Tensor | N
                 xi = mask.clone().requires_grad_(True)  # (n_layers, n_heads)
                 _, loss, _ = model(x[n:n + 1], y[n:n + 1], head_mask=xi)
                 (grad,) = torch.autograd.grad(loss, xi)
-                total += grad.abs()
+                total += grad if signed else grad.abs()
                 count += 1
     finally:
         model.train(was_training)
@@ -542,6 +595,23 @@ def pruning_masks(importance, fractions=None, order: str = "importance", seed: i
     return masks
 
 
+PRUNE_ORDERS = ("importance", "raw_importance", "ablation", "random")
+"""The orders of :func:`prune_curve`."""
+
+
+def _ranking_scores(model: TinyTransformer, batches, mask: torch.Tensor, order: str) -> np.ndarray:
+    """(n_layers, n_heads), lowest first pruned: the importance (normalised or raw), or the measured loss increase
+    of removing each unpruned head as well (already pruned heads: +inf, never chosen again)."""
+    if order != "ablation":
+        return head_importance(model, batches, head_mask=mask, normalize=order == "importance")
+    scores = np.full(tuple(mask.shape), np.inf)
+    for i in (mask.view(-1) != 0).nonzero().flatten().tolist():
+        trial = mask.clone()
+        trial.view(-1)[i] = 0.0
+        scores.flat[i], _ = evaluate(_MaskedModel(model, trial), batches, False)
+    return scores
+
+
 def prune_curve(model: TinyTransformer, eval_batches, importance_batches=None, fractions=None,
                 order: str = "importance", seed: int = 0, recompute: bool = True,
                 has_accuracy: bool = True) -> list[dict]:
@@ -555,16 +625,19 @@ def prune_curve(model: TinyTransformer, eval_batches, importance_batches=None, f
     ``order="importance"``: :func:`head_importance` on ``importance_batches`` (held-out batches, better not the
     evaluation batches), normalised per layer; the least important unpruned heads go next. With ``recompute`` the
     importance is re-estimated on the pruned model before each step; without, it is ranked once (as
-    :func:`pruning_masks`). ``order="random"``: a random order from ``seed``.
+    :func:`pruning_masks`). ``order="raw_importance"``: the same without the per-layer normalisation.
+    ``order="ablation"``: the measured effect instead of its estimate: the mean loss on ``importance_batches`` of
+    the model with each unpruned head removed as well, lowest first (greedy, on the loss whatever the metric).
+    ``order="random"``: a random order from ``seed``.
 
     Book: part III, "What heads learn".
     """
     eval_batches = _check_model_and_batches(model, eval_batches)
-    if order not in ("importance", "random"):
-        raise ValueError(f"order must be 'importance' or 'random', got {order!r}")
-    if order == "importance":
+    if order not in PRUNE_ORDERS:
+        raise ValueError(f"order must be one of {PRUNE_ORDERS}, got {order!r}")
+    if order != "random":
         if importance_batches is None:
-            raise ValueError("order='importance' needs importance_batches (held-out (x, y) batches)")
+            raise ValueError(f"order={order!r} needs importance_batches (held-out (x, y) batches)")
         importance_batches = _check_model_and_batches(model, importance_batches)
     fractions = _fractions(fractions)
     shape = (model.config.n_layers, model.config.n_heads)
@@ -584,7 +657,7 @@ def prune_curve(model: TinyTransformer, eval_batches, importance_batches=None, f
                 chosen = ranking[pruned:target]
             else:
                 if importance is None or recompute:
-                    importance = head_importance(model, importance_batches, head_mask=mask)
+                    importance = _ranking_scores(model, importance_batches, mask, order)
                 candidates = [i for i in np.argsort(importance.ravel(), kind="stable")
                               if mask.view(-1)[i] != 0]  # flat indices of unpruned heads, least important first
                 chosen = candidates[:target - pruned]

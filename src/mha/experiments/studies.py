@@ -116,8 +116,10 @@ def _subspace_matrices(net: TinyTransformer, statistic: str) -> dict:
 def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
     """Train, then ask the heads three questions (:mod:`mha.experiments.analysis`): their patterns and classes,
     how redundant they are (Jensen-Shannon divergence of their rows, overlap of their subspaces, trained and at
-    initialisation), and how important (Michel et al.'s importance, single-head ablations, pruning curves by
-    importance and at random).
+    initialisation), and how important (Michel et al.'s importance, normalised and raw, and the signed mean
+    derivative; single-head ablations; pruning curves by importance, raw importance, measured ablation and at
+    random). The classes are recorded twice: as :func:`~mha.experiments.analysis.classify_heads` files them by
+    default, and with the "selective" class (:data:`~mha.experiments.analysis.SELECTIVE_THRESHOLD`).
 
     Book: part III, "What heads learn". Returns {"metrics", "model", "task", "details", "weights", "table"}.
     """
@@ -151,6 +153,7 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
         layer_scores["induction"] = induction_by_period[:, layer].mean(axis=0)
         scores.append(layer_scores)
     classes = [analysis.classify_heads(s) for s in scores]
+    classes_selective = [analysis.classify_heads(s, selective=analysis.SELECTIVE_THRESHOLD) for s in scores]
 
     # Redundancy
     js = np.array([analysis.pairwise_head_js(w) for w in weights])  # (n_layers, h, h)
@@ -161,11 +164,16 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
 
     # Importance and pruning
     importance = analysis.head_importance(model, importance_set)  # (n_layers, h), each row of unit L2 norm
+    importance_raw = analysis.head_importance(model, importance_set, normalize=False)  # E|dL/dxi|, (n_layers, h)
+    derivative = analysis.head_importance(model, importance_set, normalize=False, signed=True)  # E[dL/dxi]
     ablation = analysis.single_head_ablation(model, eval_set, task.has_accuracy)  # one head masked at a time
     curve_importance = analysis.prune_curve(model, eval_set, importance_set, order="importance",
                                             has_accuracy=task.has_accuracy)
     curves_random = [analysis.prune_curve(model, eval_set, order="random", seed=config.train.seed + k,
                                           has_accuracy=task.has_accuracy) for k in range(config.random_orders)]
+    curve_raw, curve_ablation = (analysis.prune_curve(model, eval_set, importance_set, order=order,
+                                                      has_accuracy=task.has_accuracy)
+                                 for order in ("raw_importance", "ablation"))
     metric = "val_acc" if task.has_accuracy else "val_loss"
     prunable_importance = analysis.prunable_fraction(curve_importance, config.prune_tolerance, metric)
     prunable_random = float(np.mean([analysis.prunable_fraction(c, config.prune_tolerance, metric)
@@ -184,6 +192,8 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
         **{f"maxcos_{n}": mean_off_diagonal(max_cos[n]) for n in "qkvo"},
         overlap_random=model.head_dim / config.model.d_model,
         prune_metric=metric, prunable_importance=prunable_importance, prunable_random=prunable_random,
+        prunable_raw=analysis.prunable_fraction(curve_raw, config.prune_tolerance, metric),
+        prunable_ablation=analysis.prunable_fraction(curve_ablation, config.prune_tolerance, metric),
         analysis_s=time.perf_counter() - analysis_start)
     metrics = _record_machine({**result, **summary}, config, device)
 
@@ -194,10 +204,11 @@ def run_heads(config: HeadsRun, out_dir=None, artifacts_dir=None) -> dict:
         js=js.tolist(), overlap={n: m.tolist() for n, m in overlap.items()},
         overlap_init={n: m.tolist() for n, m in overlap_init.items()},
         max_cos={n: m.tolist() for n, m in max_cos.items()},
-        importance=importance.tolist(), prune_metric=metric,
+        classes_selective=classes_selective, importance=importance.tolist(), importance_raw=importance_raw.tolist(),
+        derivative=derivative.tolist(), prune_metric=metric,
         ablation={k: None if v is None else v.tolist() for k, v in ablation.items()},
-        prune_importance=curve_importance, prune_random=curves_random,
-        example_tokens=x_scores[0].tolist(),
+        prune_importance=curve_importance, prune_random=curves_random, prune_raw=curve_raw,
+        prune_ablation=curve_ablation, example_tokens=x_scores[0].tolist(),
         example_text=task.decode(x_scores[0]) if hasattr(task, "decode") else None)
     if out_dir is not None:
         save_json(details, artifacts_path / "analysis.json")
