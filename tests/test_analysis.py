@@ -137,6 +137,44 @@ def test_classify_hand_built_heads():
     assert analysis.classify_heads(scores, {"induction": 1.1})[0] == "positional"
 
 
+def test_top_key_score_against_loops():
+    """(top-k mass - k/(t+1)) / (1 - k/(t+1)) row by row with Python's sorted, then averaged."""
+    rng = np.random.default_rng(4)
+    w = causal_softmax(rng.normal(size=(3, 2, 7, 7)) * 3)  # (N, h, L, L)
+    for k in (1, 3):
+        expected = np.zeros(2)
+        for j in range(2):
+            rows = [(sum(sorted(w[n, j, t, :t + 1], reverse=True)[:k]) - k / (t + 1)) / (1 - k / (t + 1))
+                    for n in range(3) for t in range(k, 7)]
+            expected[j] = np.mean(rows)
+        np.testing.assert_allclose(analysis.top_key_score(w, k), expected, rtol=1e-12)
+    one_hot = pattern(8, lambda t: t // 2)[None, None]
+    np.testing.assert_allclose(analysis.top_key_score(one_hot, 1), [1.0])
+    np.testing.assert_allclose(analysis.top_key_score(uniform_causal(8)[None, None], 3), [0.0], atol=1e-12)
+
+
+def test_selective_class_takes_content_heads_before_diffuse():
+    """A head that puts 60% of its weight on three keys chosen by content and spreads the rest: diffuse by default,
+    selective with the option; a uniform head stays diffuse and a fixed-offset head positional."""
+    rng = np.random.default_rng(0)
+    length, n = 32, 6
+    content = 0.4 * np.broadcast_to(uniform_causal(length), (n, length, length)).copy()  # a uniform background
+    for seq in range(n):
+        for t in range(length):
+            keys = rng.choice(t + 1, size=min(3, t + 1), replace=False)  # and three keys picked by "content"
+            content[seq, t, keys] += 0.6 / len(keys)
+    fixed = np.broadcast_to(pattern(length, lambda t: max(t - 2, 0)), (n, length, length))
+    uniform = np.broadcast_to(uniform_causal(length), (n, length, length))
+    w = np.stack([content, uniform, fixed], axis=1)  # (N, 3, L, L)
+    scores = analysis.head_scores(w)
+    assert scores["diffuse"][0] >= analysis.THRESHOLDS["diffuse"]  # spread enough to pass the lax cutoff
+    assert analysis.classify_heads(scores) == ["diffuse", "diffuse", "positional"]
+    assert analysis.classify_heads(scores, selective=analysis.SELECTIVE_THRESHOLD) == [
+        "selective", "diffuse", "positional"]
+    with pytest.raises(ValueError, match="top3"):
+        analysis.classify_heads({"diffuse": np.ones(2)}, selective=0.5)
+
+
 # ------------------------------------------------------------------------------------------------ JS
 def test_js_known_values():
     p = np.array([0.2, 0.3, 0.5])
@@ -233,6 +271,26 @@ def test_head_importance_matches_finite_differences(pruned):
     np.testing.assert_allclose(normalized, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-5)
 
 
+def test_signed_importance_matches_finite_differences():
+    """E_x[dL(x)/dxi] by central differences of the loss, sequence by sequence, signs kept."""
+    model = make_model()
+    batches = random_batches(model)
+    eps = 1e-6
+    expected, count = np.zeros((2, 3)), 0
+    for x, y in batches:
+        for n in range(x.shape[0]):
+            count += 1
+            for layer, head in itertools.product(range(2), range(3)):
+                plus, minus = torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64)
+                plus[layer, head] += eps
+                minus[layer, head] -= eps
+                seq = (x[n:n + 1], y[n:n + 1])
+                expected[layer, head] += (loss_of(model, *seq, plus) - loss_of(model, *seq, minus)) / (2 * eps)
+    signed = analysis.head_importance(model, batches, normalize=False, signed=True)
+    np.testing.assert_allclose(signed, expected / count, rtol=1e-5, atol=1e-9)
+    assert np.any(signed < 0)  # signs are kept (this model has heads whose removal lowers the loss on average)
+
+
 def test_per_sequence_absolute_value_differs_from_batch_gradient():
     """E_x |dL(x)/dxi| >= |dE_x L(x)/dxi| (triangle inequality), so per-sequence and per-batch are not the same."""
     model = make_model()
@@ -278,6 +336,34 @@ def test_prune_curve_removes_least_important_first():
     mask = torch.tensor(fixed[1]["mask"], dtype=torch.float64)
     by_hand = np.mean([loss_of(model, x, y, mask) for x, y in eval_batches])
     assert fixed[1]["val_loss"] == pytest.approx(by_hand)
+
+
+def test_prune_curve_by_ablation_is_greedy_on_measured_losses():
+    """Each step removes the unpruned head whose removal (on top of the pruned ones) gives the lowest loss on the
+    importance batches: the same choice made by evaluating every candidate mask by hand."""
+    model = make_model()
+    eval_batches, importance_batches = random_batches(model, seed=5), random_batches(model, seed=6)
+    curve = analysis.prune_curve(model, eval_batches, importance_batches, fractions=[k / 6 for k in range(7)],
+                                 order="ablation", has_accuracy=False)
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    for point in curve[1:]:
+        candidates = [i for i in range(6) if mask.view(-1)[i] != 0]
+        losses = []
+        for i in candidates:
+            trial = mask.clone()
+            trial.view(-1)[i] = 0.0
+            losses.append(np.mean([loss_of(model, x, y, trial) for x, y in importance_batches]))
+        mask.view(-1)[candidates[int(np.argmin(losses))]] = 0.0
+        np.testing.assert_array_equal(point["mask"], mask.numpy().astype(int))
+
+
+def test_prune_curve_by_raw_importance_ranks_unnormalised():
+    model = make_model()
+    eval_batches, importance_batches = random_batches(model, seed=5), random_batches(model, seed=6)
+    raw = analysis.head_importance(model, importance_batches, normalize=False)
+    curve = analysis.prune_curve(model, eval_batches, importance_batches, fractions=[0, 1 / 6], order="raw_importance",
+                                 has_accuracy=False)
+    assert np.argwhere(np.array(curve[1]["mask"]) == 0).tolist() == [list(np.unravel_index(np.argmin(raw), raw.shape))]
 
 
 def test_single_head_ablation_matches_hand_masks():
@@ -336,6 +422,15 @@ def test_prunable_fraction():
     (lambda: analysis.head_importance(make_model(), random_batches(make_model()), head_mask=torch.ones(3, 2)),
      ValueError, r"head_mask .*\(2, 3\)"),
     (lambda: analysis.repeat_induction_scores(make_model(), [6]), ValueError, r"periods\[0\] .* must be an integer in \[2, 5\]"),
+    (lambda: analysis.top_key_score(uniform_causal(4)[None, None], 4), ValueError, r"k \(with L=4 positions\)"),
+    (lambda: analysis.classify_heads({"top3": np.ones(1), "positional": np.ones(1)}, selective=0), ValueError,
+     "selective"),
+    (lambda: analysis.head_importance(make_model(), random_batches(make_model()), signed=True), ValueError,
+     "normalize=False"),
+    (lambda: analysis.head_importance(make_model(), random_batches(make_model()), signed="yes"), TypeError, "signed"),
+    (lambda: analysis.prune_curve(make_model(), random_batches(make_model()), order="ablation"), ValueError,
+     "importance_batches"),
+    (lambda: analysis.prune_curve(make_model(), random_batches(make_model()), order="worst"), ValueError, "order"),
 ])
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):

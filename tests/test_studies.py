@@ -17,6 +17,7 @@ from mha.experiments import results
 from mha.experiments.config import DynamicsRun, HeadsRun, ShakespeareRun, TrainRun
 from mha.experiments.machine import cpu_model
 from mha.experiments.probes import count_spikes, split_losses
+from mha.experiments.analysis import top_key_score
 from mha.experiments.studies import run_dynamics, run_heads, run_shakespeare, run_study, run_train
 from mha.experiments.train import train
 
@@ -124,6 +125,19 @@ def test_run_heads_details(tmp_path):
         "n_previous_token"] + metrics["n_diffuse"] + metrics["n_positional"] == 4
     with np.load(tmp_path / "artifacts" / "h" / "attention.npz") as saved:
         np.testing.assert_allclose(saved["example"], np.stack([w[0] for w in run["weights"]]), atol=1e-3)
+    # The follow-up's records: the raw importance normalised per layer is the normalised importance; the selective
+    # classes differ from the committed ones only where a head became "selective"; the top-3 score is recomputed
+    # from the returned weights.
+    raw, normalised = np.array(details["importance_raw"]), np.array(details["importance"])
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), normalised, rtol=1e-10)
+    assert np.all(np.abs(details["derivative"]) <= raw + 1e-12)  # |E[d]| <= E|d|
+    for old, new in zip(sum(details["classes"], []), sum(details["classes_selective"], [])):
+        assert new == old or new == "selective"
+    np.testing.assert_allclose([s["top3"] for s in details["scores"]],
+                               [top_key_score(w, 3) for w in run["weights"]], rtol=1e-12)
+    for curve in ("prune_raw", "prune_ablation"):
+        assert [p["n_pruned"] for p in details[curve]] == [p["n_pruned"] for p in details["prune_importance"]]
+    assert 0 <= metrics["prunable_raw"] <= 1 and 0 <= metrics["prunable_ablation"] <= 1
 
 
 def test_run_shakespeare(tmp_path):
