@@ -567,6 +567,29 @@ def test_chinese_cross_references_do_not_nest_parentheses(build):
     assert not problems, "a reference's title nested in parentheses:\n" + "\n".join(problems)
 
 
+_CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+_REFERENCE = r'<a class="reference internal"[^>]*>(?:<span[^>]*>)?([^<]*)(?:</span>)?</a>'
+SPACE_AFTER_REFERENCE = re.compile(f"{_REFERENCE}[ \n]+([{_CJK}])")
+SPACE_BEFORE_REFERENCE = re.compile(f"([{_CJK}])[ \n]+{_REFERENCE}")
+
+
+@pytest.mark.book
+def test_no_space_between_chinese_and_a_chinese_reference(build):
+    """Where a cross-reference's text and the word beside it are both Chinese, nothing separates them ("由式 (76)",
+    not "由 式 (76)"; book/_ext/cjk_spacing.py); beside Latin letters the space stays."""
+    problems = []
+    for _, chinese in _twins():
+        if not chinese.exists():
+            continue
+        html = chinese.read_text(encoding="utf-8")
+        rel = chinese.relative_to(HTML / "zh").as_posix()
+        problems += [f"zh/{rel}: …{text[-6:]} {after}…" for text, after in SPACE_AFTER_REFERENCE.findall(html)
+                     if re.search(f"[{_CJK}]$", text)]
+        problems += [f"zh/{rel}: …{before} {text[:6]}…" for before, text in SPACE_BEFORE_REFERENCE.findall(html)
+                     if re.search(f"^[{_CJK}]", text)]
+    assert not problems, f"{len(problems)} space(s) between Chinese and a reference:\n" + "\n".join(problems[:20])
+
+
 @pytest.mark.book
 def test_numbers_on_each_chinese_page_equal_its_english_twin(build):
     """Every glued number and every cell output (a table's numbers; its words are translated): the same on both

@@ -204,9 +204,16 @@ def checker_messages() -> dict:
     return {bug.description: MESSAGES[bug.description] for bug in KNOWN_BUGS.values() if bug.description in MESSAGES}
 
 
+# The context of a glue.po entry that translates a table text on one page only (``msgctxt
+# "book/appendix/reproducibility::table"``): there a sweep's name ("heads", "induction") is a name, kept as it is,
+# while elsewhere the same word is a column's or a class's and is translated.
+TABLE_CONTEXT = "table"
+
+
 class TranslateTables(SphinxPostTransform):
     """The Chinese edition's tables: each cell's words from glue.po (numbers carried over as in glued text), in every
-    HTML output that holds a table. Before the LaTeX builder turns those outputs into tables (latex_edition.py)."""
+    HTML output that holds a table, the page's own entry (:data:`TABLE_CONTEXT`) first. Before the LaTeX builder
+    turns those outputs into tables (latex_edition.py)."""
 
     default_priority = 800
 
@@ -225,7 +232,7 @@ class TranslateTables(SphinxPostTransform):
             soup = BeautifulSoup(node.astext(), "html.parser")
             for text in _worded_cell_strings(soup):
                 english = text.strip()
-                chinese = translate(english, translations)
+                chinese = translate(english, translations, context=f"{self.env.docname}::{TABLE_CONTEXT}")
                 if chinese is None:
                     logger.warning(f"table text {english!r} has no translation in glue.po; run python tools/i18n.py "
                                    "update and translate it", location=node)

@@ -76,12 +76,35 @@ RAGGED_COLUMNS = r"""
       (\linewidth-\spx@arrayrulewidth)*#1/#2-\tw@\tabcolsep-\spx@arrayrulewidth\relax}}
 \makeatother
 """
+# A box's title may wrap: Sphinx sets it in \makebox[\linewidth][l], which does not break, so a long proposition
+# title ran past the box into the margin.
+WRAPPING_TITLES = r"""
+\usepackage{etoolbox}
+\makeatletter
+\newcommand\mha@titlebox[1]{\parbox[t]{\linewidth}{\raggedright#1}}
+\patchcmd{\sphinxdotitlerowwithicon}{\makebox[\linewidth][l]}{\mha@titlebox}{}
+  {\PackageError{latex_edition}{Sphinx's box title macro changed: titles would not wrap}{}}
+\makeatother
+"""
+# Room for two-digit numbers in the contents: "11.10" touched its title ("11.10Exercises") in the 2.6em Sphinx's
+# hook gives a section number, and "12" its chapter's title in report's 1.5em (the Chinese edition's ctex headings
+# set their own chapter lines; there the patch finds nothing to change).
+CONTENTS_NUMBERS = r"""
+\makeatletter
+\renewcommand{\sphinxtableofcontentshook}{%
+  \renewcommand*\l@section{\@dottedtocline{1}{1.5em}{3.2em}}%
+  \renewcommand*\l@subsection{\@dottedtocline{2}{4.7em}{3.8em}}%
+  \patchcmd{\l@chapter}{\setlength\@tempdima{1.5em}}{\setlength\@tempdima{2em}}{}{}}
+\makeatother
+"""
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
 # names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the
-# ones above (fontset=none).
+# ones above (fontset=none). Its bibliography, whose entries are English, sets quotes and dashes as the English
+# edition does (WESTERN_PUNCTUATION), not full width.
 CHINESE = r"""
 \usepackage[heading=true,fontset=none]{ctex}
 \AtBeginDocument{\renewcommand{\contentsname}{目录}\renewcommand{\bibname}{参考文献}\renewcommand{\appendixname}{附录}}
+\AtBeginEnvironment{sphinxthebibliography}{\xeCJKDeclareCharClass{Default}{"2014,"2018,"2019,"201C,"201D,"2026}}
 """
 
 
@@ -96,7 +119,7 @@ WESTERN_PUNCTUATION = r"""
 def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
     elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK + ("" if chinese else WESTERN_PUNCTUATION),
-                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS
+                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS + WRAPPING_TITLES + CONTENTS_NUMBERS
                 + (CHINESE if chinese else "")}
     if chinese:
         elements["fncychap"] = ""
