@@ -62,6 +62,7 @@ from pathlib import Path
 from mha._checks import check_float
 from mha.experiments import gpu_queue
 from mha.experiments.gpu_queue import FIXED_STEPS, QUEUE, RECORD, RECORD_COLUMNS, REPO
+from mha.experiments.gpu_transfer import DATA_DIR, collect, prepare, write_atomic
 
 __all__ = ["STEPS", "main", "run", "prepare", "collect", "cuda_test_files"]
 
@@ -70,7 +71,6 @@ RESERVE_S = 20.0  # seconds kept back from every step for packing the results
 MIN_STEP_S = 10.0  # a step that would get less is not started
 BENCH_SECTIONS = "attention,naive,decode,train,gflops"
 CPU_BENCH_SECTIONS = "decode,train,gflops"  # without CUDA: a quick check that the benchmark's code runs (seconds)
-DATA_DIR = REPO / ".data"  # where --prepare puts Tiny Shakespeare (git-ignored; travels with the checkout)
 OUT_FILES = ("summary.md", "env.txt", "record.csv", "results.tgz")
 
 
@@ -244,14 +244,14 @@ class GpuRun:
         """Write OUT's files again: summary.md, env.txt, record.csv and results.tgz (atomically, each)."""
         summary = self.summary()
         self.here("summary.md").write_text(summary)
-        _write_atomic(self.out / "summary.md", summary.encode())
+        write_atomic(self.out / "summary.md", summary.encode())
         if self.here("env.txt").is_file():
-            _write_atomic(self.out / "env.txt", self.here("env.txt").read_bytes())
+            write_atomic(self.out / "env.txt", self.here("env.txt").read_bytes())
         added = io.StringIO()
         writer = csv.DictWriter(added, fieldnames=RECORD_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.added_rows)
-        _write_atomic(self.out / "record.csv", added.getvalue().encode())
+        write_atomic(self.out / "record.csv", added.getvalue().encode())
         partial = self.out / ".results.tgz.partial"
         with tarfile.open(partial, "w:gz") as archive:
             archive.add(self.work / self.folder, arcname=str(self.folder))
@@ -597,12 +597,6 @@ def _junit_counts(path: Path) -> str:
     return f"{passed} passed, {total['failures']} failed, {total['errors']} errors, {total['skipped']} skipped"
 
 
-def _write_atomic(path: Path, content: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(content)
-    os.replace(partial, path)
-
-
 def run(budget: float, out, reserve: float = RESERVE_S, skip=(), again=(), queue_path=QUEUE, record_path=RECORD,
         root=REPO) -> int:
     """The run (see the module's docstring); returns the exit status: 1 if a step failed, else 0."""
@@ -638,86 +632,6 @@ def run(budget: float, out, reserve: float = RESERVE_S, skip=(), again=(), queue
     print(f"gpu_run: {job.gpu}, {job.elapsed():.0f} s of {budget:.0f}: "
           + ", ".join(f"{o.name} {o.status}" for o in job.outcomes) + f"; see {out / 'summary.md'}")
     return 1 if failed else 0
-
-
-# -------------------------------------------------------------------------------------------------- prepare, collect
-def prepare(data_dir: Path = DATA_DIR) -> Path:
-    """Put Tiny Shakespeare into ``data_dir`` (default ``.data/`` in the checkout), checked by its sha256: copied
-    from ``$MHA_DATA_DIR`` or the user cache when it is there, else downloaded (pooch). Returns the file."""
-    from mha.experiments import data
-
-    target = data.tinyshakespeare_path(data_dir)
-    if target.is_file() and data.file_sha256(target) == data.TINYSHAKESPEARE_SHA256:
-        return target
-    source = data.tinyshakespeare_path()  # MHA_DATA_DIR, else the user cache
-    if not source.is_file():
-        data.load_tinyshakespeare()  # downloads it there (and checks it)
-    if data.file_sha256(source) != data.TINYSHAKESPEARE_SHA256:
-        raise ValueError(f"{source} has the wrong sha256; delete it and run --prepare again to download it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
-    return target
-
-
-def _safe_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    members = []
-    for member in archive.getmembers():
-        path = Path(member.name)
-        if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
-            raise ValueError(f"results.tgz: {member.name!r} is not a plain file or folder inside the checkout; "
-                             f"nothing was written")
-        members.append(member)
-    return members
-
-
-def collect(out, root: Path = REPO) -> list[str]:
-    """Unpack ``out/results.tgz`` into the checkout ``root``; return what was written, one line per file.
-
-    A ``results.csv`` that is already there gets the incoming rows by run id (:meth:`Results.add
-    <mha.experiments.results.Results.add>`: checked, the incoming row wins), ``experiments/gpu/record.csv`` the
-    incoming rows it does not hold yet; any other file is replaced. A member outside the checkout (an absolute
-    path, ``..``, a link) stops it before anything is written."""
-    from mha.experiments.results import Results
-
-    archive_path = Path(out) / "results.tgz"
-    if not archive_path.is_file():
-        raise FileNotFoundError(f"{archive_path} does not exist: --collect takes the folder gpu_run wrote (--out)")
-    root = Path(root)
-    written = []
-    with tarfile.open(archive_path) as archive:
-        members = _safe_members(archive)
-        for member in members:
-            if not member.isfile():
-                continue
-            content = archive.extractfile(member).read()
-            target = root / member.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.name == "results.csv" and target.is_file():
-                with tempfile.TemporaryDirectory() as folder:
-                    incoming = Results(Path(folder) / "results.csv", Path(folder) / ".lock")
-                    incoming.path.write_bytes(content)
-                    rows, bad = incoming.read_checked()
-                    if bad:
-                        raise ValueError(f"results.tgz: {member.name}: {len(bad)} rows do not parse (line "
-                                         f"{bad[0].line}: {bad[0].reason}); nothing more was written")
-                    local = Results(target, target.parent / "runs" / ".lock")
-                    order = [row["run_id"] for row in local.read()] + [row["run_id"] for row in rows]
-                    for row in rows:
-                        local.add(row, list(dict.fromkeys(order)))
-                written.append(f"{member.name}: {len(rows)} rows merged by run id")
-            elif target.resolve() == (root / "experiments" / "gpu" / "record.csv").resolve() and target.is_file():
-                with tempfile.TemporaryDirectory() as folder:
-                    incoming_path = Path(folder) / "record.csv"
-                    incoming_path.write_bytes(content)
-                    incoming = gpu_queue.read_record(incoming_path)
-                local = gpu_queue.read_record(target)
-                new = [row for row in incoming if row not in local]
-                gpu_queue.write_record(local + new, target)
-                written.append(f"{member.name}: {len(new)} new rows")
-            else:
-                _write_atomic(target, content)
-                written.append(member.name)
-    return written
 
 
 def main(argv=None) -> int:
