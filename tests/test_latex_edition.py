@@ -55,6 +55,18 @@ def test_column_widths_follow_each_column_past_merged_rows():
     assert widths[1] == len("a-very-long-unbreakable-label") + 2 and widths[2] < widths[1], widths
 
 
+def test_a_named_index_shares_the_column_names_row():
+    """pandas puts a named index in a header row of its own (the name over empty cells); printed, it is one row."""
+    df = pd.DataFrame({"runs": [20, 30], "CPU": ["AMD", "Intel"]}, index=pd.Index(["heads", "gqa"], name="sweep"))
+    cols, head, body = _grid(html_table(df.to_html()))
+    assert head == [[("sweep", 0, 0), ("runs", 0, 0), ("CPU", 0, 0)]]
+    assert body == [["heads", "20", "AMD"], ["gqa", "30", "Intel"]]
+    # A row of the columns' own name (a crosstab's) is not folded: its first cells are not empty.
+    crossed = pd.crosstab(pd.Series(["a", "b"], name="task"), pd.Series(["x", "y"], name="class"))
+    _, crossed_head, _ = _grid(html_table(crossed.to_html()))
+    assert len(crossed_head) == 2 and crossed_head[0][0][0] == "class" and crossed_head[1][0][0] == "task"
+
+
 def test_html_without_a_table_gives_none():
     assert html_table("<div><select name='head'></select></div>") is None
 

@@ -145,6 +145,9 @@ def html_table(html: str) -> nodes.container | None:
     if table is None:
         return None
     head = [row for section in table.find_all("thead") for row in section.find_all("tr")]
+    if _fold_index_names(head):
+        head[-1].decompose()
+        head = head[:-1]
     body = [row for row in table.find_all("tr") if row not in head]
     if not body and not head:
         return None
@@ -187,6 +190,24 @@ def html_table(html: str) -> nodes.container | None:
                            nodes.table("", group, classes=["colwidths-given"]),
                            nodes.raw("", r"\endgroup", format="latex"),
                            classes=["output-table"] + (["wide-table"] if wide else []))
+
+
+def _fold_index_names(head: list) -> bool:
+    """pandas writes a named index as a header row of its own, the index's names over empty cells, under the column
+    names' row, whose cells above the index are empty: put the names into those empty cells (one header row, as the
+    HTML reads it). Returns whether it did, so that the caller drops that row."""
+    if len(head) < 2:
+        return False
+    above, names = (row.find_all(["th", "td"], recursive=False) for row in head[-2:])
+    texts = [cell.get_text(strip=True) for cell in names]
+    k = next((i for i, text in enumerate(texts) if not text), len(texts))  # the index's names come first
+    if k == 0 or any(texts[k:]) or len(above) < k or any(cell.get_text(strip=True) for cell in above[:k]):
+        return False
+    if any(cell.get("colspan") or cell.get("rowspan") for cell in above[:k] + names[:k]):
+        return False
+    for cell, text in zip(above[:k], texts):
+        cell.string = text
+    return True
 
 
 def _column_widths(cells: list[tuple[str, int]], n_cols: int, word_cap: int | None = None) -> list[int]:
