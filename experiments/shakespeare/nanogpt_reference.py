@@ -21,8 +21,9 @@ batch (20 fresh random batches per split at each evaluation, every 250 iteration
     python experiments/shakespeare/nanogpt_reference.py --recipe gpu --max-iters 100  (a short run: a GPU's rate)
 
 writes ``experiments/shakespeare/nanogpt-reference/results.json``: per seed, the log nanoGPT prints (train and val loss
-estimates at every evaluation), the loss on 200 batches of each split at the end, the wall time and the machine's
-load. Runs of other seeds already in the file are kept (a seed run again replaces its entry), so seeds can be added
+estimates at every evaluation), the loss on 200 batches of each split at the end, the wall time, the time of the
+training steps alone (``train_s``, ``tokens_per_s``: the span mha's trainer times; recorded since 2026-11-28, the
+earlier files do not have it) and the machine's load. Runs of other seeds already in the file are kept (a seed run again replaces its entry), so seeds can be added
 later. ``--max-iters N`` shortens a run as the sweeps' ``--set steps=N`` does: N iterations, the cosine decay ending
 at N (``lr_decay_iters``), the warmup at most N, and an evaluation after the last iteration; its results go to their
 own file (``results-iters<N>.json``, ``results-gpu-iters<N>.json``). Run it alone,
@@ -266,7 +267,7 @@ def train_one(seed: int, text: str, config: GPTConfig | None = None, settings: T
     model = GPT(config).to(settings.device)
     optimizer = configure_optimizer(model, settings)
     step_model = torch.compile(model) if settings.compile else model
-    history = []
+    history, train_s = [], 0.0  # train_s: the training steps alone, as mha's trainer times them (tokens_per_s)
     x, y = get_batch(train_data, config.block_size, settings.batch_size, settings.device)
     bar = tqdm(range(settings.max_iters + 1), desc=f"seed {seed}", disable=not progress, leave=False)
     for it in bar:
@@ -280,6 +281,7 @@ def train_one(seed: int, text: str, config: GPTConfig | None = None, settings: T
             bar.set_postfix(val_loss=f"{losses['val']:.4f}")
         if it == settings.max_iters:
             break  # train.py takes one more step after this evaluation; it changes no reported number
+        step_start = time.perf_counter()
         with autocast(settings):
             _, loss = step_model(x, y)
         x, y = get_batch(train_data, config.block_size, settings.batch_size, settings.device)  # the next batch, now
@@ -287,13 +289,18 @@ def train_one(seed: int, text: str, config: GPTConfig | None = None, settings: T
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if settings.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        train_s += time.perf_counter() - step_start
     if settings.device.startswith("cuda"):
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
     final = estimate_loss(step_model, splits, config.block_size, settings.batch_size, settings.final_eval_iters,
                           settings)
     return dict(seed=seed, val_loss=history[-1]["val_loss"], train_loss=history[-1]["train_loss"],
-                val_loss_final=final["val"], train_loss_final=final["train"], wall_s=wall_s, history=history,
+                val_loss_final=final["val"], train_loss_final=final["train"], wall_s=wall_s, train_s=train_s,
+                tokens_per_s=settings.max_iters * settings.batch_size * config.block_size / max(train_s, 1e-12),
+                history=history,
                 params=sum(p.numel() for p in model.parameters()))
 
 
