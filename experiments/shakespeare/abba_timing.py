@@ -16,7 +16,8 @@ it alone on a quiet machine:
     python experiments/shakespeare/abba_timing.py --pairs 8 --iters 500
 
 writes ``experiments/shakespeare/abba/results.json`` (one row per run, in the order run, with the CPU model and the
-load average), rewritten after every run.
+load average; ``cpu_id``, the family and model numbers, is recorded since the first run, whose file has only the
+model's name), rewritten after every run.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def main(argv=None) -> Path:
     if args.pairs < 1 or args.iters < 1:
         parser.error(f"--pairs and --iters must be at least 1, got {args.pairs} and {args.iters}")
     sys.path.insert(0, str(REPO / "src"))
-    from mha.experiments.machine import cpu_model
+    from mha.experiments.machine import cpu_id, cpu_model
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     out = Path(args.out)
@@ -93,7 +94,7 @@ def main(argv=None) -> Path:
         order = (run_ours, run_reference) if pair % 2 == 0 else (run_reference, run_ours)  # A B, then B A
         for runner in order:
             row = runner(pair, args.iters, env)
-            row.update(pair=pair, cpu_model=cpu_model(), load_average_1min=os.getloadavg()[0], threads=2)
+            row.update(pair=pair, cpu_model=cpu_model(), cpu_id=cpu_id(), load_average_1min=os.getloadavg()[0], threads=2)
             runs.append(row)
             print(f"pair {pair}: {row['program']}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)
             out.write_text(json.dumps(dict(description=__doc__.split("\n\n")[0], iters=args.iters,
