@@ -254,3 +254,45 @@ def test_mean_ablating_a_constant_head_changes_nothing_zeroing_it_does():
     for part in ("loss_first", "loss_repeat"):
         assert by_name["mean:L0H1"][part] == pytest.approx(intact[part], rel=1e-6, abs=1e-7)
         assert abs(by_name["L0H1"][part] - intact[part]) > 1e-2
+
+
+def test_score_step_probe_against_an_exact_rescaling():
+    """Scaling layer 0's query projection (weight and bias) by (1 + eps) multiplies its scores by exactly (1 + eps),
+    so the probe's change must be eps times the spread, per head too; the scores themselves are checked against the
+    model's attention weights (log-weight differences along a row are score differences)."""
+    from mha.experiments.probes import ScoreStepProbe, _layer_scores
+
+    torch.manual_seed(0)
+    model = TinyTransformer(TransformerConfig(vocab_size=11, block_size=8, n_layers=2, d_model=16, n_heads=4)).double()
+    x = torch.randint(11, (3, 8), generator=torch.Generator().manual_seed(1))
+    for _, _, scores, w in _layer_scores(model.eval(), x):  # scores[..., t, j] - scores[..., t, 0] = log w_tj - log w_t0
+        t = 5
+        torch.testing.assert_close(scores[..., t, :t + 1] - scores[..., t, :1],
+                                   w[..., t, :t + 1].log() - w[..., t, :1].log())
+    probe = ScoreStepProbe(x, steps=[1, 2], stop_after=2)
+    probe.on_start(model, [], torch.device("cpu"))
+    eps = 0.01
+    with torch.no_grad():
+        model.blocks[0].attn.q_proj.weight.mul_(1 + eps)
+        model.blocks[0].attn.q_proj.bias.mul_(1 + eps)
+    assert probe.on_step(0, torch.tensor(0.0), torch.tensor(0.0)) is False
+    layer0 = probe.records[1][0]
+    assert layer0["change_rms"] == pytest.approx(eps * layer0["spread"], rel=1e-9)
+    assert probe.records[1][1]["change_rms"] > 0  # the second layer sees a changed input
+    # Update 2 changes no weight: no change recorded, and training stops after it (stop_after=2).
+    assert probe.on_step(1, torch.tensor(0.0), torch.tensor(0.0)) is True
+    assert [layer["change_rms"] for layer in probe.records[2]] == [0.0, 0.0]
+    heads = np.array(layer0["head_change_rms"])
+    assert heads.shape == (4,) and np.all(heads > 0)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(x=[[1, 2]], steps=[1]), TypeError, "x must be"),
+    (dict(x=torch.zeros(1, 2, dtype=torch.long), steps=[]), ValueError, "at least one step"),
+    (dict(x=torch.zeros(1, 2, dtype=torch.long), steps=[0]), ValueError, r"steps\[0\]"),
+])
+def test_score_step_probe_bad_input(kwargs, error, match):
+    from mha.experiments.probes import ScoreStepProbe
+
+    with pytest.raises(error, match=match):
+        ScoreStepProbe(**kwargs)

@@ -28,8 +28,8 @@ from mha.experiments.model import TinyTransformer
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import Hook
 
-__all__ = ["split_losses", "attention_probe", "head_outputs", "head_means", "head_ablations", "count_spikes",
-           "DynamicsProbe", "first_token_attention"]
+__all__ = ["split_losses", "attention_probe", "ScoreStepProbe", "head_outputs", "head_means", "head_ablations",
+           "count_spikes", "DynamicsProbe", "first_token_attention"]
 
 
 @torch.no_grad()
@@ -53,6 +53,33 @@ def split_losses(model: TinyTransformer, batches) -> dict:
     return {f"{stat}_{part}": s[i] / s[2] for part, s in sums.items() for i, stat in ((0, "loss"), (1, "acc"))}
 
 
+def _layer_scores(model: TinyTransformer, x: torch.Tensor) -> list[tuple]:
+    """Per layer (q, k, scores, weights): the queries and keys (N, h, L, head_dim), recomputed from the layer's input,
+    the pre-softmax scores scale * q . k (N, h, L, L) and the model's attention weights, with the scores checked to
+    give those weights (a probe measures what the model computes). No gradients; the caller sets eval mode."""
+    inputs = []  # each layer's attention input ln_1(x), captured by a pre-hook
+    handles = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+               for block in model.blocks]
+    try:
+        _, _, weights = model(x, need_weights=True)  # n_layers x (N, h, L, L)
+    finally:
+        for handle in handles:
+            handle.remove()
+    n, length = x.shape
+    causal = causal_mask(length, length, device=x.device)  # (L, L), True = may attend
+    found = []
+    for block, x_in, w in zip(model.blocks, inputs, weights):
+        attn = block.attn
+        q = attn.q_proj(x_in).view(n, length, attn.n_heads, attn.head_dim).transpose(1, 2)  # (N, h, L, hd)
+        k = attn.k_proj(x_in).view(n, length, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (N, g, L, hd)
+        k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # (N, h, L, hd)
+        scores = attn.scale * q @ k.transpose(-2, -1)  # (N, h, L, L)
+        recomputed = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)  # (N, h, L, L)
+        torch.testing.assert_close(recomputed, w, rtol=1e-3, atol=1e-4)
+        found.append((q, k, scores, w))
+    return found
+
+
 @torch.no_grad()
 def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tensor | None = None,
                     period: int | None = None) -> list[dict]:
@@ -66,26 +93,11 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
     """
     was_training = model.training
     model.eval()
-    inputs = []  # each layer's attention input ln_1(x), captured by a pre-hook
-    handles = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
-               for block in model.blocks]
-    try:
-        _, _, weights = model(x, need_weights=True)  # n_layers x (N, h, L, L)
-    finally:
-        for handle in handles:
-            handle.remove()
-    n, length = x.shape
+    length = x.shape[1]
     causal = causal_mask(length, length, device=x.device)  # (L, L), True = may attend
     layers = []
-    for block, x_in, w in zip(model.blocks, inputs, weights):
+    for block, (q, k, scores, w) in zip(model.blocks, _layer_scores(model, x)):
         attn = block.attn
-        q = attn.q_proj(x_in).view(n, length, attn.n_heads, attn.head_dim).transpose(1, 2)  # (N, h, L, hd)
-        k = attn.k_proj(x_in).view(n, length, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (N, g, L, hd)
-        k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # (N, h, L, hd)
-        scores = attn.scale * q @ k.transpose(-2, -1)  # (N, h, L, L)
-        # The recomputed scores must give the model's weights: the probe measures what the model computes.
-        recomputed = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)  # (N, h, L, L)
-        torch.testing.assert_close(recomputed, w, rtol=1e-3, atol=1e-4)
         allowed = scores[:, :, causal]  # (N, h, L (L + 1) / 2)
         q_var, k_var = q.var().item(), k.var().item()
         plogp = torch.where(w > 0, w * torch.log(w.clamp_min(1e-30)), 0.0)  # (N, h, L, L)
@@ -101,6 +113,51 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
             layer["previous_token"] = previous_token_score(w).tolist()  # (h,)
     model.train(was_training)
     return layers
+
+
+class ScoreStepProbe(Hook):
+    """How far one optimizer step moves the pre-softmax scores, at chosen steps, on a fixed batch.
+
+    For each k in ``steps`` (k = 1 is the first update), the scores of every layer after update k minus those after
+    update k - 1 (at initialisation for k = 1), on the batch ``x``, over the causal entries: ``records[k]`` holds per
+    layer ``change_rms`` (the root mean square of that difference over heads and entries), ``head_change_rms`` (the
+    same per head, (h,)) and ``spread`` (the root mean square of the scores themselves before the step). With
+    ``stop_after``, training stops after that update. Book: part III, "Head count" (the premise of the Adam/scale
+    heuristic: a wider head's scores move further per step at fixed width).
+    """
+
+    def __init__(self, x: torch.Tensor, steps, stop_after: int | None = None):
+        check_type("x", x, torch.Tensor, "a (N, L) batch of token ids")
+        self.steps = sorted({check_int(f"steps[{i}]", k, minimum=1) for i, k in enumerate(steps)})
+        if not self.steps:
+            raise ValueError("steps must hold at least one step (1 is the first update)")
+        self.stop_after = None if stop_after is None else check_int("stop_after", stop_after, minimum=1)
+        self.x, self.model, self._before, self.records = x, None, None, {}
+
+    def _scores(self) -> list[torch.Tensor]:
+        was_training = self.model.training
+        self.model.eval()
+        x = self.x.to(self.model.lm_head.weight.device)
+        causal = causal_mask(x.shape[1], x.shape[1], device=x.device)
+        with torch.no_grad():
+            found = [scores[:, :, causal].double() for _, _, scores, _ in _layer_scores(self.model, x)]  # (N, h, E)
+        self.model.train(was_training)
+        return found
+
+    def on_start(self, model: TinyTransformer, eval_set: list, device: torch.device) -> None:
+        self.model = model
+        self._before = self._scores() if 1 in self.steps else None
+
+    def on_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        k = step + 1  # the update just made
+        after = self._scores() if (k in self.steps or k + 1 in self.steps) else None
+        if k in self.steps:
+            self.records[k] = [dict(change_rms=float((a - b).pow(2).mean().sqrt()),
+                                    head_change_rms=(a - b).pow(2).mean(dim=(0, 2)).sqrt().tolist(),
+                                    spread=float(b.pow(2).mean().sqrt()))
+                               for a, b in zip(after, self._before)]
+        self._before = after if k + 1 in self.steps else None
+        return self.stop_after is not None and k >= self.stop_after
 
 
 def _attention_modules(model: TinyTransformer, what: str) -> list[MultiHeadAttention]:
