@@ -16,8 +16,8 @@ it alone on a quiet machine:
     python experiments/shakespeare/abba_timing.py --pairs 8 --iters 500
 
 writes ``experiments/shakespeare/abba/results.json`` (one row per run, in the order run, with the CPU model and the
-load average; ``cpu_id``, the family and model numbers, is recorded since the first run, whose file has only the
-model's name), rewritten after every run.
+load average), rewritten after every run. Added after the first run: each row also records ``cpu_id`` (the family
+and model numbers); the first run's file has only the brand name.
 """
 
 from __future__ import annotations
