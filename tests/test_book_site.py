@@ -36,6 +36,7 @@ pytest.importorskip("sphinx", reason="Sphinx is not installed (the book extra br
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import i18n  # noqa: E402
 import i18n_figures  # noqa: E402 - on the path through tools/i18n.py
+from i18n_glue import TABLE_CONTEXT  # noqa: E402 - the page-level context of table texts
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -634,16 +635,19 @@ def test_tables_on_chinese_pages_show_their_words_in_chinese(build):
     from babel.messages.pofile import read_po
 
     with open(i18n.GLUE_CATALOG, "rb") as f:
-        chinese = {**i18n.checker_messages(),  # the known bugs' descriptions, from the checkers' own catalog
-                   **{m.id: m.string for m in read_po(f) if m.id and m.string and not m.context}}
+        entries = [m for m in read_po(f) if m.id and m.string]
+    chinese = {**i18n.checker_messages(),  # the known bugs' descriptions, from the checkers' own catalog
+               **{m.id: m.string for m in entries if not m.context},
+               **{(m.context, m.id): m.string for m in entries if m.context}}  # a page's own table texts
     problems, pages, translated = [], 0, 0
     for english, twin in _twins():
         if not twin.exists():
             continue
         en_texts = _output_table_texts(english.read_text(encoding="utf-8"))
         zh_texts = _output_table_texts(twin.read_text(encoding="utf-8"))
-        expected = [(i18n.translate(text, chinese) or f"(no translation of {text!r})") if i18n.has_words(text)
-                    else text for text in en_texts]
+        context = f"{english.relative_to(HTML).with_suffix('').as_posix()}::{TABLE_CONTEXT}"  # as the build looks up
+        expected = [(i18n.translate(text, chinese, context) or f"(no translation of {text!r})")
+                    if i18n.has_words(text) else text for text in en_texts]
         pages += any(i18n.has_words(text) for text in en_texts)
         translated += sum(re.search(r"[\u4e00-\u9fff]", text) is not None for text in zh_texts)
         if zh_texts != expected:
