@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import i18n  # noqa: E402
 import i18n_figures  # noqa: E402 - on the path through tools/i18n.py
 from i18n_glue import TABLE_CONTEXT  # noqa: E402 - the page-level context of table texts
+from latex_edition import CJK_RANGES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -568,7 +569,7 @@ def test_chinese_cross_references_do_not_nest_parentheses(build):
     assert not problems, "a reference's title nested in parentheses:\n" + "\n".join(problems)
 
 
-_CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+_CJK = CJK_RANGES  # CJK punctuation, ideographs, full-width forms (book/_ext/latex_edition.py)
 _REFERENCE = r'<a class="reference internal"[^>]*>(?:<span[^>]*>)?([^<]*)(?:</span>)?</a>'
 SPACE_AFTER_REFERENCE = re.compile(f"{_REFERENCE}[ \n]+([{_CJK}])")
 SPACE_BEFORE_REFERENCE = re.compile(f"([{_CJK}])[ \n]+{_REFERENCE}")

@@ -97,6 +97,8 @@ CONTENTS_NUMBERS = r"""
   \patchcmd{\l@chapter}{\setlength\@tempdima{1.5em}}{\setlength\@tempdima{2em}}{}{}}
 \makeatother
 """
+# Western punctuation for xeCJK: the curly quotes, the apostrophe, the em dash and the ellipsis as Latin letters.
+WESTERN_CLASS = r'\xeCJKDeclareCharClass{Default}{"2014,"2018,"2019,"201C,"201D,"2026}'
 # The Chinese edition's headings and names: ctex's headings (第一章) instead of fncychap's "CHAPTER 1", and Chinese
 # names where the class has English ones (after babel's English names, set at \begin{document}); its fonts stay the
 # ones above (fontset=none). Its bibliography, whose entries are English, sets quotes and dashes as the English
@@ -104,23 +106,21 @@ CONTENTS_NUMBERS = r"""
 CHINESE = r"""
 \usepackage[heading=true,fontset=none]{ctex}
 \AtBeginDocument{\renewcommand{\contentsname}{目录}\renewcommand{\bibname}{参考文献}\renewcommand{\appendixname}{附录}}
-\AtBeginEnvironment{sphinxthebibliography}{\xeCJKDeclareCharClass{Default}{"2014,"2018,"2019,"201C,"201D,"2026}}
+\AtBeginEnvironment{sphinxthebibliography}{""" + WESTERN_CLASS + """}
 """
 
 
 # In the English edition, which loads xeCJK only for its few Chinese words, the curly quotes, the apostrophe, the em
 # dash and the ellipsis stay Western punctuation: xeCJK took them for Chinese, set them full width and dropped the
 # space beside them ("today’ s", "Part I —Deriving").
-WESTERN_PUNCTUATION = r"""
-\xeCJKDeclareCharClass{Default}{"2014,"2018,"2019,"201C,"201D,"2026}
-"""
+WESTERN_PUNCTUATION = "\n" + WESTERN_CLASS + "\n"
 
 
 def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
     elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK + ("" if chinese else WESTERN_PUNCTUATION),
-                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS + WRAPPING_TITLES + CONTENTS_NUMBERS
-                + (CHINESE if chinese else "")}
+                "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS + WRAPPING_TITLES
+                + CONTENTS_NUMBERS + (CHINESE if chinese else "")}
     if chinese:
         elements["fncychap"] = ""
     config.latex_elements = {**elements, **(config.latex_elements or {})}
