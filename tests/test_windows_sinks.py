@@ -250,11 +250,33 @@ def test_first_token_attention_equals_the_reference(options):
                     first_l[layer] += np.log(a[n, :, p, 0]) - np.log(a[n, :, p, 1])
                     other_l[layer] += np.mean([np.log(a[n, :, q, q - p]) - np.log(a[n, :, q, q - p + 1])
                                                for q in range(p + 1, 16)], axis=0)
+    # the placebo, spelled out: anchor j in position 0's role for the same queries p, at distances p - j and p - j - 1
+    anchors = (1, 3, 9)
+    placebo = first_token_attention(model, batches, min_position=10, anchors=anchors)
+    anchor_l, anchor_m = np.zeros((3, 4, 4)), np.zeros((3, 4, 4))
+    for r in rows if not options.get("window") else ():
+        for layer in range(4):
+            a = r[layer]
+            for k, j in enumerate(anchors):
+                for n in range(3):
+                    for p in range(10, 15):
+                        d = p - j
+                        anchor_l[k, layer] += np.log(a[n, :, p, j]) - np.log(a[n, :, p, j + 1])
+                        anchor_m[k, layer] += np.mean([np.log(a[n, :, q, q - d]) - np.log(a[n, :, q, q - d + 1])
+                                                       for q in range(p + 1, 16)], axis=0)
     if options.get("window"):  # position 0 is outside the local layers' windows: no log-odds
         assert got["first_token_logodds"] is None and got["matched_logodds"] is None
+        assert placebo["anchor_logodds"] is None and placebo["anchor_matched_logodds"] is None
     else:
         np.testing.assert_allclose(got["first_token_logodds"], first_l / (2 * 3 * 5), atol=1e-9)
         np.testing.assert_allclose(got["matched_logodds"], other_l / (2 * 3 * 5), atol=1e-9)
+        assert placebo["anchors"] == [1, 3, 9]
+        np.testing.assert_allclose(placebo["anchor_logodds"], anchor_l / (2 * 3 * 5), atol=1e-9)
+        np.testing.assert_allclose(placebo["anchor_matched_logodds"], anchor_m / (2 * 3 * 5), atol=1e-9)
+        # the placebo's anchors change nothing else the probe returns
+        assert {k: v for k, v in placebo.items() if not k.startswith("anchor")} == \
+            {k: v for k, v in got.items() if not k.startswith("anchor")}
+    assert got["anchors"] == [1, 2, 4, 8]  # the default anchors below min_position
     assert first_token_attention(model, batches, min_position=15)["matched"] is None  # no later query: no baseline
     if options.get("sinks"):
         np.testing.assert_allclose(got["sink"], sink, atol=1e-12)
@@ -268,6 +290,12 @@ def test_first_token_attention_equals_the_reference(options):
     assert first_token_attention(model, batches)["min_position"] == 8  # the second half by default
     with pytest.raises(ValueError, match="min_position"):
         first_token_attention(model, batches, min_position=16)
+    with pytest.raises(ValueError, match="anchors"):  # an anchor must leave a key between it and the first query
+        first_token_attention(model, batches, min_position=10, anchors=(10,))
+    with pytest.raises(ValueError, match="anchors"):  # position 0 is the statistic itself, not a placebo
+        first_token_attention(model, batches, min_position=10, anchors=(0,))
+    with pytest.raises(TypeError, match="anchors"):
+        first_token_attention(model, batches, min_position=10, anchors=8)
 
 
 def test_shakespeare_run_with_the_options_and_the_probe(tmp_path):

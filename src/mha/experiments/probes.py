@@ -29,7 +29,7 @@ from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import Hook
 
 __all__ = ["split_losses", "attention_probe", "ScoreStepProbe", "head_outputs", "head_means", "head_ablations",
-           "count_spikes", "DynamicsProbe", "first_token_attention"]
+           "count_spikes", "DynamicsProbe", "first_token_attention", "PLACEBO_ANCHORS"]
 
 
 @torch.no_grad()
@@ -291,8 +291,15 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
     return ablations
 
 
+#: The placebo's anchors (book part IV, "Windows and sinks, measured"): generic positions put in position 0's role by
+#: :func:`first_token_attention`. The sink sweep's pre-registered placebo is the mean over 8 and 16 (far enough from the
+#: start to have a prefix of their own); 1, 2 and 4 are recorded beside them, to be described only.
+PLACEBO_ANCHORS = (1, 2, 4, 8, 16)
+
+
 @torch.no_grad()
-def first_token_attention(model: TinyTransformer, batches, min_position: int | None = None) -> dict:
+def first_token_attention(model: TinyTransformer, batches, min_position: int | None = None,
+                          anchors=None) -> dict:
     """Where each head's attention goes from queries far from the start of the text: per layer and head, the mean
     weight on position 0 (the first token's attention mass) and, in a model with sink logits, the mean sink
     probability ``p_sink = 1 - sum_j a_ij`` (book part IV, eq. ``sink-softmax``), both over every query at a position
@@ -313,15 +320,25 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     whose scores depend on distance alone gives the two the same value, so their difference is what position 0
     gets beyond its distance.
 
+    The difference can still come from the queries rather than from position 0: the position-0 side uses query p
+    only, the matched side the later queries, which may score more sharply. The placebo puts a generic position j
+    (an *anchor*) in position 0's role, over the same queries p: ``anchor_logodds`` averages log a_pj - log a_p,j+1
+    (distances p - j and p - j - 1) and ``anchor_matched_logodds`` the same contrast at those distances from the
+    later queries q > p, log a_q,q-p+j - log a_q,q-p+j+1. Anchor 0 would be ``first_token_logodds`` and
+    ``matched_logodds`` again; a query-side confound shows in every anchor, a first-token effect in anchor 0 alone.
+
     ``batches``: token ids (N, L), or ``(x, y)`` pairs as a task's ``get_batch`` gives them (y is not read), all of
-    one length L. ``min_position`` defaults to L // 2 (the second half of the context).
+    one length L. ``min_position`` defaults to L // 2 (the second half of the context). ``anchors``: the placebo's
+    positions, each in 1..min_position - 1; by default those of :data:`PLACEBO_ANCHORS` below ``min_position``.
 
     Returns a dict: ``first_token`` (n_layers, h) and ``sink`` (n_layers, h) or None (no sink logits), as nested
     lists; ``sink_logits`` (n_layers, h), the learned logits z, or None; ``uniform``, the first-token mass that
     uniform causal attention would give over the same queries (the mean of 1 / (p + 1)); ``first_token_matched`` and
     ``matched`` (n_layers, h), the distance-matched pair above; ``first_token_logodds`` and ``matched_logodds``
     (n_layers, h), the within-row comparison above, or None where a weight it needs is 0 (a key outside a window);
-    ``min_position``; ``length`` (L); ``queries`` (how many query rows each ``first_token`` number averages).
+    ``anchors``, and ``anchor_logodds`` and ``anchor_matched_logodds`` (n_anchors, n_layers, h), the placebo above,
+    or None where the log-odds are; ``min_position``; ``length`` (L); ``queries`` (how many query rows each
+    ``first_token`` number averages).
     """
     check_type("model", model, TinyTransformer, "a TinyTransformer")
     xs = [batch[0] if isinstance(batch, (tuple, list)) else batch for batch in batches]
@@ -332,7 +349,15 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
         raise ValueError(f"every batch must have the same length L, got {sorted({x.shape[1] for x in xs})}")
     min_position = length // 2 if min_position is None else check_int("min_position", min_position, minimum=1,
                                                                         maximum=length - 1)
+    if anchors is None:
+        anchors = tuple(j for j in PLACEBO_ANCHORS if j < min_position)
+    else:
+        if not isinstance(anchors, (tuple, list)):
+            raise TypeError(f"anchors must be a tuple or list of positions, got {type(anchors).__name__}")
+        anchors = tuple(check_int("anchors", j, minimum=1, maximum=min_position - 1) for j in anchors)
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    anchor_first = torch.zeros(len(anchors), n_layers, n_heads, dtype=torch.float64)
+    anchor_matched = torch.zeros(len(anchors), n_layers, n_heads, dtype=torch.float64)
     first = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     sink = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     first_matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
@@ -363,6 +388,14 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
                         log_ratio = diagonal.log() - nearer.log()  # (N, h, L - p): log w[q, q-p] / w[q, q-p+1]
                         first_logodds[layer] += log_ratio[..., 0].sum(dim=0).cpu()  # (h,): q = p, position 0
                         matched_logodds[layer] += log_ratio[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): q > p
+                        for k, j in enumerate(anchors):  # the placebo: anchor j in position 0's role, query p
+                            d = p - j  # the anchor's distance from query p
+                            at = torch.diagonal(w.double(), offset=-d, dim1=-2, dim2=-1)  # (N, h, L - d): w[d+i, i]
+                            near = torch.diagonal(w.double(), offset=-(d - 1), dim1=-2, dim2=-1)  # w[d-1+i, i]
+                            # entry j of `at` is w[p, j], entry j + 1 of `near` is w[p, j+1]; later ones: q > p
+                            ratio = at[..., j:].log() - near[..., j + 1:].log()  # (N, h, L - p)
+                            anchor_first[k, layer] += ratio[..., 0].sum(dim=0).cpu()  # (h,): q = p, key j
+                            anchor_matched[k, layer] += ratio[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): q > p
             rows += x.shape[0] * (length - min_position)
     finally:
         model.train(was_training)
@@ -370,6 +403,9 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     logits = [block.attn.sinks.detach().double().cpu().tolist() for block in model.blocks] if has_sinks else None
     positions = torch.arange(min_position, length, dtype=torch.float64)
     rows_matched = sum(x.shape[0] for x in xs) * len(distances)  # one w[p, 0] per sequence and probed distance
+    # a weight of 0 (underflow) at an anchor's keys makes a log-odds infinite: no placebo then, as no log-odds above
+    anchors_defined = bool(rows_matched and logodds_defined and torch.isfinite(anchor_first).all()
+                           and torch.isfinite(anchor_matched).all())
     return dict(first_token=(first / rows).tolist(), sink=(sink / rows).tolist() if has_sinks else None,
                 sink_logits=logits, uniform=float((1.0 / (positions + 1)).mean()),
                 first_token_matched=(first_matched / rows_matched).tolist() if rows_matched else None,
@@ -378,6 +414,9 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
                 else None,
                 matched_logodds=(matched_logodds / rows_matched).tolist() if rows_matched and logodds_defined
                 else None,
+                anchors=list(anchors),
+                anchor_logodds=(anchor_first / rows_matched).tolist() if anchors_defined else None,
+                anchor_matched_logodds=(anchor_matched / rows_matched).tolist() if anchors_defined else None,
                 min_position=min_position, length=length, queries=rows)
 
 
