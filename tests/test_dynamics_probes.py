@@ -265,7 +265,7 @@ def test_score_step_probe_against_an_exact_rescaling():
     torch.manual_seed(0)
     model = TinyTransformer(TransformerConfig(vocab_size=11, block_size=8, n_layers=2, d_model=16, n_heads=4)).double()
     x = torch.randint(11, (3, 8), generator=torch.Generator().manual_seed(1))
-    for _, _, scores, w in _layer_scores(model.eval(), x):  # scores[..., t, j] - scores[..., t, 0] = log w_tj - log w_t0
+    for _, _, scores, w, _, _ in _layer_scores(model.eval(), x):  # scores[..., t, j] - scores[..., t, 0] = log w_tj - log w_t0
         t = 5
         torch.testing.assert_close(scores[..., t, :t + 1] - scores[..., t, :1],
                                    w[..., t, :t + 1].log() - w[..., t, :1].log())
@@ -284,6 +284,52 @@ def test_score_step_probe_against_an_exact_rescaling():
     assert [layer["change_rms"] for layer in probe.records[2]] == [0.0, 0.0]
     heads = np.array(layer0["head_change_rms"])
     assert heads.shape == (4,) and np.all(heads > 0)
+    # The split: layer 0's input did not move, so its change is all its own projections'; layer 1's projections did
+    # not move, so its change is all its input's (and their interaction is 0 in both)
+    layer1 = probe.records[1][1]
+    assert layer0["own_change_rms"] == pytest.approx(layer0["change_rms"], rel=1e-12) and layer0["input_change_rms"] == 0
+    assert layer1["own_change_rms"] == 0 and layer1["input_change_rms"] == pytest.approx(layer1["change_rms"], rel=1e-12)
+    np.testing.assert_allclose(layer0["head_own_change_rms"], heads, rtol=1e-12)
+    assert layer1["head_own_change_rms"] == [0.0] * 4
+
+
+def test_score_step_probe_splits_a_change_in_a_later_layers_keys():
+    """Moving only layer 1's key projection moves layer 1's scores through its own projections alone, by exactly the
+    change of q . k computed here from the layer's input with the two key weights; layer 0 does not move."""
+    from mha.experiments.probes import ScoreStepProbe
+
+    torch.manual_seed(0)
+    model = TinyTransformer(TransformerConfig(vocab_size=11, block_size=8, n_layers=2, d_model=16, n_heads=4)).double()
+    x = torch.randint(11, (3, 8), generator=torch.Generator().manual_seed(2))
+    inputs = []
+    handle = model.blocks[1].attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    model.eval()(x)
+    handle.remove()
+    probe = ScoreStepProbe(x, steps=[1], stop_after=1)
+    probe.on_start(model, [], torch.device("cpu"))
+    attn = model.blocks[1].attn
+    delta = 0.05 * torch.randn(attn.k_proj.weight.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    old_k = attn.k_proj.weight.detach().clone()
+    with torch.no_grad():
+        attn.k_proj.weight.add_(delta)
+    assert probe.on_step(0, torch.tensor(0.0), torch.tensor(0.0)) is True
+    layer0, layer1 = probe.records[1]
+    assert layer0["change_rms"] == layer0["own_change_rms"] == layer0["input_change_rms"] == 0
+    # by hand, head by head: s = (x Wq_h^T + bq_h) . (x Wk_h^T + bk_h) / sqrt(head_dim) over the causal entries
+    x_in, hd = inputs[0].detach(), attn.head_dim
+    wq, bq, wk, bk = (p.detach() for p in (attn.q_proj.weight, attn.q_proj.bias, attn.k_proj.weight, attn.k_proj.bias))
+    change = []
+    for h in range(attn.n_heads):
+        rows = slice(h * hd, (h + 1) * hd)
+        q = x_in @ wq[rows].T + bq[rows]
+        k_old = x_in @ old_k[rows].T + bk[rows]
+        k_new = x_in @ wk[rows].T + bk[rows]
+        d = ((q @ k_new.transpose(-2, -1)) - (q @ k_old.transpose(-2, -1))) / hd ** 0.5  # (N, L, L)
+        change.append(d[:, torch.ones(8, 8).tril().bool()])
+    change = torch.stack(change, dim=1)  # (N, h, E)
+    assert layer1["own_change_rms"] == pytest.approx(float(change.pow(2).mean().sqrt()), rel=1e-9)
+    assert layer1["change_rms"] == pytest.approx(layer1["own_change_rms"], rel=1e-12)
+    assert layer1["input_change_rms"] == 0
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -17,7 +17,17 @@ log(change_rms); the comparison is one head against sixteen, paired by seed (the
 batches), at each rate: the exact sign-flip test over the 8 seeds and its interval
 (``mha.experiments.stats.paired_difference``), Holm over the two rates. The premise holds where one head's scores move
 further, resolved; the ratio is set against the two bounds, 1 (unaligned) and 4 (aligned). The other head counts are
-described, not tested. Run it alone:
+described, not tested.
+
+Added after the results above had been seen (2026-11-28, on an outside read): the split of each change into the part
+the layer's own query and key projections make (the new projections applied to the old input) and the part its input
+makes (the old projections applied to the new input: the embeddings, the layer norm and, in layer 2, layer 1 moved);
+all 80 runs were run again for it, and every earlier number must come back to the last bit. Planned before that run:
+the same statistic on the own part (per run, the mean over the six updates and the two layers of log
+own_change_rms), one head against sixteen, paired by seed, the exact sign-flip test, Holm over the two rates. The
+premise, that a wider head's own projections move its scores further per step, holds where one head's own part is
+resolved larger. Described, not tested: the input part, the share of each in the change per head count, and the two
+layers apart. Run it alone:
 
     python experiments/head_count/score_step.py
 

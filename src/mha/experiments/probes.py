@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -53,10 +54,37 @@ def split_losses(model: TinyTransformer, batches) -> dict:
     return {f"{stat}_{part}": s[i] / s[2] for part, s in sums.items() for i, stat in ((0, "loss"), (1, "acc"))}
 
 
-def _layer_scores(model: TinyTransformer, x: torch.Tensor) -> list[tuple]:
-    """Per layer (q, k, scores, weights): the queries and keys (N, h, L, head_dim), recomputed from the layer's input,
-    the pre-softmax scores scale * q . k (N, h, L, L) and the model's attention weights, with the scores checked to
-    give those weights (a probe measures what the model computes). No gradients; the caller sets eval mode."""
+class LayerScores(NamedTuple):
+    """One layer's scores as :func:`_layer_scores` recomputes them."""
+
+    q: torch.Tensor  # (N, h, L, head_dim), the queries
+    k: torch.Tensor  # (N, h, L, head_dim), the keys (a key-value group's keys repeated for each of its heads)
+    scores: torch.Tensor  # (N, h, L, L), the pre-softmax scores scale * q . k
+    weights: torch.Tensor  # (N, h, L, L), the model's own attention weights
+    inputs: torch.Tensor  # (N, L, d_model), the layer's attention input ln_1(x)
+    causal: torch.Tensor  # (L, L), True where a query may attend to a key
+
+
+def _projected_scores(attn: MultiHeadAttention, x_in: torch.Tensor, q_weight, q_bias, k_weight, k_bias):
+    """(q, k, scores) of ``attn`` for the attention input ``x_in`` (N, L, d_model) with the given query and key
+    projections (so that a probe can pair one step's weights with another step's inputs)."""
+    n, length, _ = x_in.shape
+    q = F.linear(x_in, q_weight, q_bias).view(n, length, attn.n_heads, attn.head_dim).transpose(1, 2)  # (N,h,L,hd)
+    k = F.linear(x_in, k_weight, k_bias).view(n, length, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (N,g,L,hd)
+    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # (N, h, L, hd)
+    return q, k, attn.scale * q @ k.transpose(-2, -1)  # scores: (N, h, L, L)
+
+
+def _projections(attn: MultiHeadAttention) -> tuple:
+    """The query and key projections' weights and biases (None without bias), as :func:`_projected_scores` takes
+    them."""
+    return attn.q_proj.weight, attn.q_proj.bias, attn.k_proj.weight, attn.k_proj.bias
+
+
+def _layer_scores(model: TinyTransformer, x: torch.Tensor) -> list[LayerScores]:
+    """Per layer, the queries, keys and pre-softmax scores recomputed from the layer's input, beside the model's
+    attention weights, with the scores checked to give those weights (a probe measures what the model computes). No
+    gradients; the caller sets eval mode."""
     inputs = []  # each layer's attention input ln_1(x), captured by a pre-hook
     handles = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
                for block in model.blocks]
@@ -65,18 +93,13 @@ def _layer_scores(model: TinyTransformer, x: torch.Tensor) -> list[tuple]:
     finally:
         for handle in handles:
             handle.remove()
-    n, length = x.shape
-    causal = causal_mask(length, length, device=x.device)  # (L, L), True = may attend
+    causal = causal_mask(x.shape[1], x.shape[1], device=x.device)  # (L, L), True = may attend
     found = []
     for block, x_in, w in zip(model.blocks, inputs, weights):
-        attn = block.attn
-        q = attn.q_proj(x_in).view(n, length, attn.n_heads, attn.head_dim).transpose(1, 2)  # (N, h, L, hd)
-        k = attn.k_proj(x_in).view(n, length, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # (N, g, L, hd)
-        k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # (N, h, L, hd)
-        scores = attn.scale * q @ k.transpose(-2, -1)  # (N, h, L, L)
+        q, k, scores = _projected_scores(block.attn, x_in, *_projections(block.attn))
         recomputed = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)  # (N, h, L, L)
         torch.testing.assert_close(recomputed, w, rtol=1e-3, atol=1e-4)
-        found.append((q, k, scores, w))
+        found.append(LayerScores(q, k, scores, w, x_in, causal))
     return found
 
 
@@ -94,9 +117,8 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
     was_training = model.training
     model.eval()
     length = x.shape[1]
-    causal = causal_mask(length, length, device=x.device)  # (L, L), True = may attend
     layers = []
-    for block, (q, k, scores, w) in zip(model.blocks, _layer_scores(model, x)):
+    for block, (q, k, scores, w, _, causal) in zip(model.blocks, _layer_scores(model, x)):
         attn = block.attn
         allowed = scores[:, :, causal]  # (N, h, L (L + 1) / 2)
         q_var, k_var = q.var().item(), k.var().item()
@@ -116,14 +138,20 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
 
 
 class ScoreStepProbe(Hook):
-    """How far one optimizer step moves the pre-softmax scores, at chosen steps, on a fixed batch.
+    """How far one optimizer step moves the pre-softmax scores, at chosen steps, on a fixed batch, and how much of
+    that comes from the layer's own query and key projections and how much from its input.
 
     For each k in ``steps`` (k = 1 is the first update), the scores of every layer after update k minus those after
     update k - 1 (at initialisation for k = 1), on the batch ``x``, over the causal entries: ``records[k]`` holds per
     layer ``change_rms`` (the root mean square of that difference over heads and entries), ``head_change_rms`` (the
-    same per head, (h,)) and ``spread`` (the root mean square of the scores themselves before the step). With
-    ``stop_after``, training stops after that update. Book: part III, "Head count" (the premise of the Adam/scale
-    heuristic: a wider head's scores move further per step at fixed width).
+    same per head, (h,)) and ``spread`` (the root mean square of the scores themselves before the step). The change
+    splits by what moved: ``own_change_rms`` is that of the scores with the new query and key projections applied to
+    the old input (the layer's attention input ln_1(x) before the step) minus the old scores, ``input_change_rms``
+    that of the old projections applied to the new input minus the old scores (an earlier layer, the embeddings or
+    the layer norm moved), each per head too (``head_own_change_rms``, ``head_input_change_rms``); the rest of the
+    change is their interaction, which vanishes as the step shrinks. With ``stop_after``, training stops after that
+    update. Book: part III, "Head count" (the premise of the Adam/scale heuristic: a wider head's scores move further
+    per step at fixed width, through its own projections).
     """
 
     def __init__(self, x: torch.Tensor, steps, stop_after: int | None = None):
@@ -134,30 +162,50 @@ class ScoreStepProbe(Hook):
         self.stop_after = None if stop_after is None else check_int("stop_after", stop_after, minimum=1)
         self.x, self.model, self._before, self.records = x, None, None, {}
 
-    def _scores(self) -> list[torch.Tensor]:
+    def _state(self) -> list[dict]:
+        """Per layer: the scores over the causal entries (N, h, E) in float64, the attention input and copies of the
+        query and key projections."""
         was_training = self.model.training
         self.model.eval()
-        x = self.x.to(self.model.lm_head.weight.device)
-        causal = causal_mask(x.shape[1], x.shape[1], device=x.device)
         with torch.no_grad():
-            found = [scores[:, :, causal].double() for _, _, scores, _ in _layer_scores(self.model, x)]  # (N, h, E)
+            found = [dict(scores=layer.scores[:, :, layer.causal].double(), inputs=layer.inputs, causal=layer.causal,
+                          projections=tuple(None if p is None else p.detach().clone()
+                                            for p in _projections(block.attn)))
+                     for block, layer in zip(self.model.blocks,
+                                             _layer_scores(self.model, self.x.to(self.model.lm_head.weight.device)))]
         self.model.train(was_training)
         return found
 
     def on_start(self, model: TinyTransformer, eval_set: list, device: torch.device) -> None:
         self.model = model
-        self._before = self._scores() if 1 in self.steps else None
+        self._before = self._state() if 1 in self.steps else None
 
     def on_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         k = step + 1  # the update just made
-        after = self._scores() if (k in self.steps or k + 1 in self.steps) else None
+        after = self._state() if (k in self.steps or k + 1 in self.steps) else None
         if k in self.steps:
-            self.records[k] = [dict(change_rms=float((a - b).pow(2).mean().sqrt()),
-                                    head_change_rms=(a - b).pow(2).mean(dim=(0, 2)).sqrt().tolist(),
-                                    spread=float(b.pow(2).mean().sqrt()))
-                               for a, b in zip(after, self._before)]
+            self.records[k] = [self._record(block.attn, a, b) for block, a, b in zip(self.model.blocks, after,
+                                                                                     self._before)]
         self._before = after if k + 1 in self.steps else None
         return self.stop_after is not None and k >= self.stop_after
+
+    @staticmethod
+    def _record(attn: MultiHeadAttention, after: dict, before: dict) -> dict:
+        def mixed(inputs, projections):  # (N, h, E): the scores of these inputs under these projections
+            with torch.no_grad():
+                return _projected_scores(attn, inputs, *projections)[2][:, :, before["causal"]].double()
+
+        old = before["scores"]
+        total = after["scores"] - old  # (N, h, E)
+        own = mixed(before["inputs"], after["projections"]) - old  # new projections, old input
+        moved_input = mixed(after["inputs"], before["projections"]) - old  # old projections, new input
+        return dict(change_rms=float(total.pow(2).mean().sqrt()),
+                    head_change_rms=total.pow(2).mean(dim=(0, 2)).sqrt().tolist(),
+                    spread=float(old.pow(2).mean().sqrt()),
+                    own_change_rms=float(own.pow(2).mean().sqrt()),
+                    head_own_change_rms=own.pow(2).mean(dim=(0, 2)).sqrt().tolist(),
+                    input_change_rms=float(moved_input.pow(2).mean().sqrt()),
+                    head_input_change_rms=moved_input.pow(2).mean(dim=(0, 2)).sqrt().tolist())
 
 
 def _attention_modules(model: TinyTransformer, what: str) -> list[MultiHeadAttention]:
