@@ -13,7 +13,8 @@ pd = pytest.importorskip("pandas")
 from docutils import nodes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from latex_edition import _breakable_paths, _size_table, html_table, unboxed_in_print  # noqa: E402
+from latex_edition import (_breakable_paths, _keep_space_before_title_math, _landscape, _size_table,  # noqa: E402
+                           html_table, unboxed_in_print)
 
 
 def _grid(container):
@@ -125,3 +126,51 @@ def test_a_table_whose_columns_need_more_than_a_portrait_page_is_set_in_landscap
     assert "wide-table" in html_table(wide.to_html())["classes"]
     narrow = pd.DataFrame({"heads": [1, 2], "loss": [1.38, 1.21]})
     assert "wide-table" not in html_table(narrow.to_html())["classes"]
+
+
+def test_a_space_between_chinese_and_math_in_a_title_survives_xecjk():
+    """xeCJK dropped the space before a title's ``\\protect\\(h\\protect\\)`` ("一次融合投影就是h 次逐头投影", measured with
+    xelatex): such a space becomes a no-break space, which it keeps; spaces elsewhere are left alone."""
+    def title(*children):
+        node = nodes.title("", "", *children)
+        for math in list(node.findall(nodes.math)):
+            _keep_space_before_title_math(math)
+        return [child.astext() for child in node.children]
+
+    assert title(nodes.Text("一次融合投影就是 "), nodes.math("", "h"), nodes.Text(" 次逐头投影")) == [
+        "一次融合投影就是\u00a0", "h", " 次逐头投影"]
+    assert title(nodes.Text("Concatenation and "), nodes.math("", "W^O")) == ["Concatenation and ", "W^O"]
+    assert title(nodes.Text("随"), nodes.math("", "h")) == ["随", "h"]  # no space: none added
+    paragraph = nodes.paragraph("", "", nodes.Text("就是 "), nodes.math("", "h"))  # body text: Sphinx writes no \\protect
+    _keep_space_before_title_math(paragraph.children[1])
+    assert paragraph.children[0].astext() == "就是 "
+
+
+def test_a_landscape_table_takes_its_heading_or_bold_title_along():
+    """A landscape page starts a new page: the heading (or bold title) printed right before a wide table goes on it
+    too, past hidden cells that print nothing; a table after other text starts the landscape pages itself."""
+    def wide():
+        return nodes.container("", nodes.table(), classes=["output-table", "wide-table"])
+
+    def where(section):  # the printed order, with the raw LaTeX marked
+        return [n.astext() if isinstance(n, nodes.raw) else n.tagname for n in section.children]
+
+    table = wide()
+    section = nodes.section("", nodes.title("", "The runs on file"),
+                            nodes.container("", nodes.container(classes=["cell_output"])),  # a hidden cell
+                            nodes.container("", nodes.container("", table, classes=["cell_output"])))
+    parent = nodes.section("", nodes.title("", "Benchmarks"), section)
+    _landscape(table)
+    assert where(parent) == ["title", "\\begin{landscape}", "section"]
+    assert table.parent.children[-1].astext() == "\\end{landscape}"
+
+    table = wide()
+    section = nodes.section("", nodes.title("", "Every measured number"), nodes.paragraph("", "Text."),
+                            nodes.paragraph("", "", nodes.strong("", "Runs")), nodes.container("", table))
+    _landscape(table)
+    assert where(section) == ["title", "paragraph", "\\begin{landscape}", "paragraph", "container"]
+
+    table = wide()
+    section = nodes.section("", nodes.title("", "Text first"), nodes.paragraph("", "Some text."), table)
+    _landscape(table)
+    assert where(section) == ["title", "paragraph", "\\begin{landscape}", "container", "\\end{landscape}"]

@@ -51,9 +51,13 @@ CJK = r"""
 # "Bibliography", right after it. Its running head says References, as the page does. The contents are "Contents":
 # Sphinx names them after the root page's first captioned table of contents, which here is part I's, in babel's
 # English captions (which babel applies after \AtBeginDocument's hooks, so the name is added to them after Sphinx's).
+# Its entries hang: each label at the margin and its text after it, the following lines indented by a few letters,
+# ragged right (labels such as [HuggingFaceQwenTeam25] are far wider than the eight letters Sphinx sizes the label
+# column by, and pushed their first lines apart; the URLs and paths left loose justified lines).
 BIBLIOGRAPHY = r"""
 \makeatletter
-\renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\begin{thebibliography}{#1}}{\end{thebibliography}}
+\renewenvironment{sphinxthebibliography}[1]{\let\chapter\@gobbletwo\raggedright
+  \begin{thebibliography}{MMM}\labelwidth\z@\itemindent\labelsep\advance\itemindent-\leftmargin}{\end{thebibliography}}
 \makeatother
 \AtBeginDocument{\renewcommand{\bibname}{References}}
 \ifdefined\captionsenglish\addto\captionsenglish{\renewcommand{\contentsname}{Contents}%
@@ -86,14 +90,18 @@ WRAPPING_TITLES = r"""
   {\PackageError{latex_edition}{Sphinx's box title macro changed: titles would not wrap}{}}
 \makeatother
 """
+# A box starts on a new page unless its title and a few lines of its body fit: a box may break across pages, and four
+# titles were left alone at the foot of a page, their text on the next.
+KEEP_TITLES = r"\AtBeginEnvironment{sphinxadmonition}{\needspace{8\baselineskip}}"
 # Room for two-digit numbers in the contents: "11.10" touched its title ("11.10Exercises") in the 2.6em Sphinx's
 # hook gives a section number, and "12" its chapter's title in report's 1.5em (the Chinese edition's ctex headings
 # set their own chapter lines; there the patch finds nothing to change).
 CONTENTS_NUMBERS = r"""
 \makeatletter
+\renewcommand{\@pnumwidth}{2.2em}\renewcommand{\@tocrmarg}{3.2em}% room for three-digit page numbers
 \renewcommand{\sphinxtableofcontentshook}{%
-  \renewcommand*\l@section{\@dottedtocline{1}{1.5em}{3.2em}}%
-  \renewcommand*\l@subsection{\@dottedtocline{2}{4.7em}{3.8em}}%
+  \renewcommand*\l@section{\@dottedtocline{1}{1.5em}{3.4em}}%
+  \renewcommand*\l@subsection{\@dottedtocline{2}{4.9em}{3.8em}}%
   \patchcmd{\l@chapter}{\setlength\@tempdima{1.5em}}{\setlength\@tempdima{2em}}{}{}}
 \makeatother
 """
@@ -120,7 +128,7 @@ def _configure(app: Sphinx, config: Config) -> None:
     chinese = (config.language or "").startswith("zh")
     elements = {"papersize": "a4paper", "fontpkg": LATIN + CJK + ("" if chinese else WESTERN_PUNCTUATION),
                 "preamble": BIBLIOGRAPHY + LANDSCAPE + UNDERSCORE_BREAKS + RAGGED_COLUMNS + WRAPPING_TITLES
-                + CONTENTS_NUMBERS + (CHINESE if chinese else "")}
+                + KEEP_TITLES + CONTENTS_NUMBERS + (CHINESE if chinese else "")}
     if chinese:
         elements["fncychap"] = ""
     config.latex_elements = {**elements, **(config.latex_elements or {})}
@@ -280,6 +288,9 @@ class PrintLayout(SphinxPostTransform):
             if "tag_hide-input" in cell["classes"]:
                 for child in [c for c in cell.children if "cell_input" in c.get("classes", [])]:
                     cell.remove(child)
+        for block in list(self.document.findall(nodes.container)):
+            if "wide-table" in block["classes"]:
+                _landscape(block)
         # unboxed: a box inside a box, a solution (a dropdown on the web) and an exercise that holds one, whose code
         # can be longer than a page: such a box did not break across pages and ran over the footer
         for inner in [box for box in self.document.findall(nodes.Admonition) if unboxed_in_print(box)]:
@@ -292,6 +303,8 @@ class PrintLayout(SphinxPostTransform):
             inner.replace_self(block)
         for citation in list(self.document.findall(nodes.citation)):
             _breakable_paths(citation)
+        for math in list(self.document.findall(nodes.math)):
+            _keep_space_before_title_math(math)
         for caption in list(self.document.findall(nodes.caption)):
             for link in list(caption.findall(nodes.reference)):
                 link.replace_self(nodes.inline("", "", *link.children))
@@ -299,11 +312,25 @@ class PrintLayout(SphinxPostTransform):
                 raw.rawsource = HYPERLINK.sub("{", raw.rawsource)  # sphinxcontrib-bibtex's citations, written as is
 
 
+def _keep_space_before_title_math(math: nodes.math) -> None:
+    """A space between a Chinese character and math in a title, as a no-break space: Sphinx writes a title's math as
+    ``\\protect\\(...\\protect\\)``, and xeCJK drops a space that a Chinese character and ``\\protect`` enclose
+    ("一次融合投影就是h 次逐头投影"); it keeps ``~``."""
+    parent = math.parent
+    if not isinstance(parent, (nodes.title, nodes.rubric)):
+        return
+    index = parent.index(math)
+    before = parent[index - 1] if index else None
+    if isinstance(before, nodes.Text) and CJK_CHARACTER.search(before.astext()[-2:-1] or "") and \
+            before.astext().endswith(" "):
+        parent[index - 1] = nodes.Text(before.astext()[:-1] + "\u00a0")
+
+
 def _place_table(block: nodes.container) -> None:
     """A pandas table in print: a longtable (it breaks across pages) unless it sits in a box. Pasted by
     ``{glue:figure}``, it was a figure float, which cannot break across pages (a table longer than a page lost its
     last rows): it takes the figure's place and labels, its caption a paragraph after it. A wide one (``wide-table``)
-    gets landscape pages (pdflscape)."""
+    gets landscape pages later (:func:`_landscape`)."""
     table = block.next_node(nodes.table)
     figure = next((a for a in _ancestors(block) if isinstance(a, nodes.figure)), None)
     if not _in_a_box(figure or block):
@@ -315,9 +342,28 @@ def _place_table(block: nodes.container) -> None:
         table["names"] += figure["names"]
         legend = figure.next_node(nodes.legend)
         figure.replace_self([block, *after, *(legend.children if legend is not None else [])])
-    if "wide-table" in block["classes"]:
-        block.parent.insert(block.parent.index(block), nodes.raw("", r"\begin{landscape}", format="latex"))
-        block.parent.insert(block.parent.index(block) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
+
+
+def _landscape(block: nodes.container) -> None:
+    """A wide table on landscape pages (pdflscape), with the heading or bold title that introduces it: a landscape page
+    starts a new page, and a section's heading or a table's bold title right before the table was left alone at the
+    foot of the portrait page before it. Call it once hidden code is gone (what counts as right before is what
+    prints)."""
+    start = block
+    while True:
+        parent = start.parent
+        before = [node for node in parent.children[:parent.index(start)] if node.astext().strip()]
+        if not before and not isinstance(parent, (nodes.section, nodes.document)) and parent.parent is not None:
+            start = parent  # the first thing printed in its container: look before the container
+            continue
+        if before and isinstance(before[-1], nodes.title) and isinstance(parent, nodes.section):
+            start = parent  # the section's first content: its heading goes on the landscape page too
+        elif before and isinstance(before[-1], nodes.paragraph) and len(before[-1].children) == 1 \
+                and isinstance(before[-1].children[0], nodes.strong):
+            start = before[-1]  # a bold title
+        break
+    start.parent.insert(start.parent.index(start), nodes.raw("", r"\begin{landscape}", format="latex"))
+    block.parent.insert(block.parent.index(block) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
 
 
 PATH_BREAK = re.compile(r"(?<=[/_])(?=\w)")  # after a slash or an underscore inside a path or a name
