@@ -329,7 +329,57 @@ def test_score_step_probe_splits_a_change_in_a_later_layers_keys():
     change = torch.stack(change, dim=1)  # (N, h, E)
     assert layer1["own_change_rms"] == pytest.approx(float(change.pow(2).mean().sqrt()), rel=1e-9)
     assert layer1["change_rms"] == pytest.approx(layer1["own_change_rms"], rel=1e-12)
-    assert layer1["input_change_rms"] == 0
+    assert layer1["input_change_rms"] == 0 and layer1["rest_change_rms"] == 0
+
+
+def test_score_step_probe_splits_a_step_that_moves_both_projections_and_input():
+    """Moving layer 1's query projection and its layer norm's gain together: own, input and the rest (their
+    interaction) against S(W, x) computed by hand for the four pairings of old and new weights and inputs, per head."""
+    from mha.experiments.probes import ScoreStepProbe
+
+    torch.manual_seed(0)
+    model = TinyTransformer(TransformerConfig(vocab_size=11, block_size=8, n_layers=2, d_model=16, n_heads=4)).double()
+    x = torch.randint(11, (3, 8), generator=torch.Generator().manual_seed(4))
+    block = model.blocks[1]
+    inputs = []
+    handle = block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().clone()))
+    model.eval()(x)
+    probe = ScoreStepProbe(x, steps=[1], stop_after=1)
+    probe.on_start(model, [], torch.device("cpu"))
+    attn = block.attn
+    old = [p.detach().clone() for p in (attn.q_proj.weight, attn.q_proj.bias, attn.k_proj.weight, attn.k_proj.bias)]
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        attn.q_proj.weight.add_(0.1 * torch.randn(attn.q_proj.weight.shape, generator=generator, dtype=torch.float64))
+        block.ln_1.weight.mul_(1 + 0.2 * torch.rand(block.ln_1.weight.shape, generator=generator, dtype=torch.float64))
+    model(x)
+    handle.remove()
+    new = [p.detach() for p in (attn.q_proj.weight, attn.q_proj.bias, attn.k_proj.weight, attn.k_proj.bias)]
+    assert probe.on_step(0, torch.tensor(0.0), torch.tensor(0.0)) is True
+    causal = torch.ones(8, 8).tril().bool()
+    hd = attn.head_dim
+
+    def scores(x_in, weights):  # (N, h, E): per head, (x Wq_h^T + bq_h) . (x Wk_h^T + bk_h) / sqrt(head_dim)
+        wq, bq, wk, bk = weights
+        out = []
+        for h in range(attn.n_heads):
+            rows = slice(h * hd, (h + 1) * hd)
+            q, k = x_in @ wq[rows].T + bq[rows], x_in @ wk[rows].T + bk[rows]
+            out.append((q @ k.transpose(-2, -1) / hd ** 0.5)[:, causal])
+        return torch.stack(out, dim=1)
+
+    x_old, x_new = inputs[0], inputs[-1]  # layer 1's attention input before and after the change
+    s_oo, s_no, s_on, s_nn = scores(x_old, old), scores(x_old, new), scores(x_new, old), scores(x_new, new)
+    rms = lambda d: float(d.pow(2).mean().sqrt())  # noqa: E731
+    got = probe.records[1][1]
+    assert got["change_rms"] == pytest.approx(rms(s_nn - s_oo), rel=1e-9)
+    assert got["own_change_rms"] == pytest.approx(rms(s_no - s_oo), rel=1e-9)
+    assert got["input_change_rms"] == pytest.approx(rms(s_on - s_oo), rel=1e-9)
+    assert got["rest_change_rms"] == pytest.approx(rms(s_nn - s_no - s_on + s_oo), rel=1e-6)
+    assert got["rest_change_rms"] > 0  # both moved: an interaction
+    np.testing.assert_allclose(got["head_own_change_rms"], (s_no - s_oo).pow(2).mean(dim=(0, 2)).sqrt(), rtol=1e-9)
+    np.testing.assert_allclose(got["head_input_change_rms"], (s_on - s_oo).pow(2).mean(dim=(0, 2)).sqrt(), rtol=1e-9)
+    assert probe.records[1][0]["change_rms"] == 0  # layer 0 did not move
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -27,7 +27,8 @@ the same statistic on the own part (per run, the mean over the six updates and t
 own_change_rms), one head against sixteen, paired by seed, the exact sign-flip test, Holm over the two rates. The
 premise, that a wider head's own projections move its scores further per step, holds where one head's own part is
 resolved larger. Described, not tested: the input part, the share of each in the change per head count, and the two
-layers apart. Run it alone:
+layers apart. After a review of that run, the rest of the change (their interaction, rest_change_rms) was added to
+what a run records, and the 80 runs were run a third time for it (described only). Run it alone:
 
     python experiments/head_count/score_step.py
 

@@ -149,9 +149,10 @@ class ScoreStepProbe(Hook):
     the old input (the layer's attention input ln_1(x) before the step) minus the old scores, ``input_change_rms``
     that of the old projections applied to the new input minus the old scores (an earlier layer, the embeddings or
     the layer norm moved), each per head too (``head_own_change_rms``, ``head_input_change_rms``); the rest of the
-    change is their interaction, which vanishes as the step shrinks. With ``stop_after``, training stops after that
-    update. Book: part III, "Head count" (the premise of the Adam/scale heuristic: a wider head's scores move further
-    per step at fixed width, through its own projections).
+    change, ``rest_change_rms`` (total - own - input), is second order in the step: S(W', x') - S(W', x) - S(W, x') +
+    S(W, x), a product of the two changes. Layers are listed from the first. With ``stop_after``, training stops after
+    that update. Book: part III, "Head count" (the premise of the Adam/scale heuristic: a wider head's scores move
+    further per step at fixed width, through its own projections).
     """
 
     def __init__(self, x: torch.Tensor, steps, stop_after: int | None = None):
@@ -205,7 +206,8 @@ class ScoreStepProbe(Hook):
                     own_change_rms=float(own.pow(2).mean().sqrt()),
                     head_own_change_rms=own.pow(2).mean(dim=(0, 2)).sqrt().tolist(),
                     input_change_rms=float(moved_input.pow(2).mean().sqrt()),
-                    head_input_change_rms=moved_input.pow(2).mean(dim=(0, 2)).sqrt().tolist())
+                    head_input_change_rms=moved_input.pow(2).mean(dim=(0, 2)).sqrt().tolist(),
+                    rest_change_rms=float((total - own - moved_input).pow(2).mean().sqrt()))
 
 
 def _attention_modules(model: TinyTransformer, what: str) -> list[MultiHeadAttention]:
