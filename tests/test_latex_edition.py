@@ -162,13 +162,21 @@ def test_a_landscape_table_takes_its_heading_or_bold_title_along():
     parent = nodes.section("", nodes.title("", "Benchmarks"), section)
     _landscape(table)
     assert where(parent) == ["title", "\\begin{landscape}", "section"]
-    assert table.parent.children[-1].astext() == "\\end{landscape}"
+    # the end after the outermost container that holds the table: LaTeX's environments must nest
+    assert where(section) == ["title", "container", "container", "\\end{landscape}"]
 
     table = wide()
     section = nodes.section("", nodes.title("", "Every measured number"), nodes.paragraph("", "Text."),
                             nodes.paragraph("", "", nodes.strong("", "Runs")), nodes.container("", table))
     _landscape(table)
-    assert where(section) == ["title", "paragraph", "\\begin{landscape}", "paragraph", "container"]
+    assert where(section) == ["title", "paragraph", "\\begin{landscape}", "paragraph", "container", "\\end{landscape}"]
+
+    table = wide()  # a cell's Markdown output: the bold title in a container of its own, with spaces around it
+    title = nodes.container("", nodes.paragraph("", "", nodes.Text("\n"), nodes.strong("", "Runs"), nodes.Text("\n")))
+    output = nodes.container("", title, nodes.container("", table), classes=["cell_output"])
+    section = nodes.section("", nodes.title("", "Every measured number"), nodes.paragraph("", "Text."), output)
+    _landscape(table)
+    assert where(output) == ["\\begin{landscape}", "container", "container", "\\end{landscape}"]
 
     table = wide()
     section = nodes.section("", nodes.title("", "Text first"), nodes.paragraph("", "Some text."), table)

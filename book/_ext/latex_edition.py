@@ -312,6 +312,16 @@ class PrintLayout(SphinxPostTransform):
                 raw.rawsource = HYPERLINK.sub("{", raw.rawsource)  # sphinxcontrib-bibtex's citations, written as is
 
 
+def _bold_title(node: nodes.Node) -> bool:
+    """A paragraph that is one bold phrase (``**Runs**``), alone or in containers that hold nothing else."""
+    while isinstance(node, nodes.container) and len(node.children) == 1:
+        node = node.children[0]
+    if not isinstance(node, nodes.paragraph):
+        return False
+    printed = [child for child in node.children if not (isinstance(child, nodes.Text) and not child.strip())]
+    return len(printed) == 1 and isinstance(printed[0], nodes.strong)
+
+
 def _keep_space_before_title_math(math: nodes.math) -> None:
     """A space between a Chinese character and math in a title, as a no-break space: Sphinx writes a title's math as
     ``\\protect\\(...\\protect\\)``, and xeCJK drops a space that a Chinese character and ``\\protect`` enclose
@@ -349,21 +359,21 @@ def _landscape(block: nodes.container) -> None:
     starts a new page, and a section's heading or a table's bold title right before the table was left alone at the
     foot of the portrait page before it. Call it once hidden code is gone (what counts as right before is what
     prints)."""
-    start = block
+    top = block  # the outermost container whose first printed thing is the table (LaTeX environments, all of them)
     while True:
-        parent = start.parent
-        before = [node for node in parent.children[:parent.index(start)] if node.astext().strip()]
-        if not before and not isinstance(parent, (nodes.section, nodes.document)) and parent.parent is not None:
-            start = parent  # the first thing printed in its container: look before the container
-            continue
-        if before and isinstance(before[-1], nodes.title) and isinstance(parent, nodes.section):
-            start = parent  # the section's first content: its heading goes on the landscape page too
-        elif before and isinstance(before[-1], nodes.paragraph) and len(before[-1].children) == 1 \
-                and isinstance(before[-1].children[0], nodes.strong):
-            start = before[-1]  # a bold title
-        break
+        parent = top.parent
+        before = [node for node in parent.children[:parent.index(top)] if node.astext().strip()]
+        if before or isinstance(parent, (nodes.section, nodes.document)) or parent.parent is None:
+            break
+        top = parent
+    start = top
+    if before and isinstance(before[-1], nodes.title) and isinstance(parent, nodes.section):
+        start = parent  # the section's first content: its heading goes on the landscape page too (not an environment)
+    elif before and _bold_title(before[-1]):
+        start = before[-1]  # a bold title (a cell's Markdown output, say)
     start.parent.insert(start.parent.index(start), nodes.raw("", r"\begin{landscape}", format="latex"))
-    block.parent.insert(block.parent.index(block) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
+    # after the outermost container, so that the environments nest
+    top.parent.insert(top.parent.index(top) + 1, nodes.raw("", r"\end{landscape}", format="latex"))
 
 
 PATH_BREAK = re.compile(r"(?<=[/_])(?=\w)")  # after a slash or an underscore inside a path or a name
