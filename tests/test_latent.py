@@ -318,9 +318,9 @@ def test_module_refuses_bad_inputs():
     ]:
         with pytest.raises(error, match=match):
             MultiHeadLatentAttention(D, H, KV, **{**WIDTHS, **kwargs})
-    with pytest.raises(ValueError, match=r"params must have the keys .* missing \['W_dq', 'W_uq', 'q_norm'\]"):
+    with pytest.raises(ValueError, match=r"params is missing \['W_dq', 'W_uq', 'q_norm'\] \(module has q_rank=6\)"):
         module(params(), q_rank=QR)
-    with pytest.raises(ValueError, match=r"params\['W_o'\] must have shape \(21, 16\), got \(16, 21\)"):
+    with pytest.raises(ValueError, match=r"params\['W_o'\] must have shape \(21, 16\) \(d_model=16, .*\), got shape \(16, 21\)"):
         m.load_params({**params(), "W_o": np.ones((16, 21))})
 
 

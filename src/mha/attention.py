@@ -53,6 +53,7 @@ from torch import nn
 from mha._checks import (attention_scale, check_bool, check_choice, check_float, check_int, check_like, check_type,
                          head_shape)
 from mha.kv_cache import KVCache
+from mha.params import export_specs, load_specs
 from mha.rope import ROPE_STYLES, apply_rope, check_positions, rms_norm, rope_cos_sin, window_mask
 
 __all__ = ["MultiHeadAttention", "causal_mask"]
@@ -586,50 +587,9 @@ class MultiHeadAttention(nn.Module):
         Every key and shape is checked before anything is written. With ``bias=False`` the dict must not contain
         biases; with ``bias=True`` it must contain all four. A key whose value is None counts as absent.
         """
-        if not hasattr(params, "keys"):
-            raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
-        specs = self._param_specs()
-        params = {key: value for key, value in params.items() if value is not None}  # None = absent (as in reference)
-        missing = sorted(set(specs) - set(params))
-        if missing:
-            raise ValueError(f"params is missing {missing} (module has {self._describe_params()}); "
-                             f"expected keys {sorted(specs)}")
-        extra = sorted(set(params) - set(specs))
-        if extra:
-            raise ValueError(f"params has unexpected keys {extra} (module has {self._describe_params()}); "
-                             f"expected keys {sorted(specs)}")
-        values = {}
-        for name, (tensor, shape, transposed) in specs.items():
-            value = params[name]
-            if not isinstance(value, torch.Tensor):
-                value = torch.as_tensor(np.asarray(value))
-            if tuple(value.shape) != shape:
-                raise ValueError(f"params[{name!r}] must have shape {shape} (d_model={self.d_model}, "
-                                 f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}), "
-                                 f"got shape {tuple(value.shape)}")
-            if not (value.dtype.is_floating_point or value.dtype in (torch.int32, torch.int64)):
-                raise TypeError(f"params[{name!r}] must hold real numbers, got dtype {value.dtype}")
-            values[name] = value.T if transposed else value
-        copy_into_specs(specs, values)
-
-
-def export_specs(specs: dict) -> dict[str, np.ndarray]:
-    """A module's parameters as the NumPy reference's params dict: ``specs`` maps each key to (tensor, shape,
-    transposed); float64 arrays on the CPU, transposed where the module stores W^T (``nn.Linear``). Shared by
-    ``MultiHeadAttention`` and ``mha.latent.MultiHeadLatentAttention``."""
-    out = {}
-    for name, (tensor, _, transposed) in specs.items():
-        t = tensor.detach().to(device="cpu", dtype=torch.float64)
-        out[name] = np.ascontiguousarray((t.T if transposed else t).numpy())
-    return out
-
-
-def copy_into_specs(specs: dict, values: dict) -> None:
-    """Write checked ``values`` (already in the module's layout) into the tensors of ``specs``, each keeping its
-    dtype and device; the inverse of :func:`export_specs` once the values are checked."""
-    with torch.no_grad():
-        for name, (tensor, _, _) in specs.items():
-            tensor.copy_(values[name].to(device=tensor.device, dtype=tensor.dtype))
+        load_specs(self._param_specs(), params, self._describe_params(),
+                   f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                   f"head_dim={self.head_dim}")
 
 
 def _check_rope_dim(rope_dim, head_dim: int, rope_base) -> int | None:

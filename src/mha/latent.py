@@ -35,8 +35,9 @@ import torch
 from torch import nn
 
 from mha._checks import attention_scale, check_bool, check_choice, check_float, check_int, check_like, check_type
-from mha.attention import causal_mask, copy_into_specs, export_specs
+from mha.attention import causal_mask
 from mha.kv_cache import _check_device
+from mha.params import export_specs, load_specs
 from mha.rope import ROPE_STYLES, apply_rope, check_positions, rms_norm, rope_cos_sin
 
 __all__ = ["MultiHeadLatentAttention", "LatentCache"]
@@ -373,21 +374,8 @@ class MultiHeadLatentAttention(nn.Module):
 
     def load_params(self, params: dict) -> None:
         """Copy weights from a reference params dict (arrays or tensors); every key and shape is checked before
-        anything is written; the module keeps its dtype and device."""
-        if not hasattr(params, "keys"):
-            raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
-        specs = self._param_specs()
-        missing, extra = sorted(set(specs) - set(params)), sorted(set(params) - set(specs))
-        if missing or extra:
-            raise ValueError(f"params must have the keys {sorted(specs)} (module has q_rank={self.q_rank}); missing "
-                             f"{missing}, unexpected {extra}")
-        values = {}
-        for name, (_, shape, transposed) in specs.items():
-            value = params[name]
-            value = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
-            if tuple(value.shape) != shape:
-                raise ValueError(f"params[{name!r}] must have shape {shape}, got {tuple(value.shape)}")
-            if not (value.dtype.is_floating_point or value.dtype in (torch.int32, torch.int64)):
-                raise TypeError(f"params[{name!r}] must hold real numbers, got dtype {value.dtype}")
-            values[name] = value.T if transposed else value
-        copy_into_specs(specs, values)
+        anything is written; the module keeps its dtype and device. A key whose value is None counts as absent."""
+        load_specs(self._param_specs(), params, f"q_rank={self.q_rank}",
+                   f"d_model={self.d_model}, n_heads={self.n_heads}, q_rank={self.q_rank}, kv_rank={self.kv_rank}, "
+                   f"qk_nope_head_dim={self.qk_nope_head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}, "
+                   f"v_head_dim={self.v_head_dim}")
