@@ -18,6 +18,16 @@ it alone on a quiet machine:
 writes ``experiments/shakespeare/abba/results.json`` (one row per run, in the order run, with the CPU model and the
 load average), rewritten after every run. Added after the first run: each row also records ``cpu_id`` (the family
 and model numbers); the first run's file has only the brand name.
+
+Second run, planned before it (2026-11-28, after the first run's result had been seen, unresolved): 20 pairs of 500
+iterations, with nothing else running on the machine, and ``--warm-start``: before its training, this book's program
+runs the forward passes that the reference's evaluation at step 0 runs (20 batches of each split, without gradients,
+on a model of the same shape, untimed), so that in neither program is the first timed step the first computation of
+the process. The same statistic; with 20 pairs ``paired_difference`` gives the paired t test and its interval. A ratio
+is resolved when that test rejects at 5%. Run it alone:
+
+    python experiments/shakespeare/abba_timing.py --pairs 20 --iters 500 --warm-start \
+        --out experiments/shakespeare/abba/second-run.json
 """
 
 from __future__ import annotations
@@ -37,7 +47,19 @@ REFERENCE = HERE / "nanogpt_reference.py"
 OURS = """
 import json, sys
 from mha.experiments.studies import run_study
-metrics = run_study("shakespeare", json.loads(sys.argv[1]))
+parameters = json.loads(sys.argv[1])
+if parameters.pop("warm_start", False):  # the reference's evaluation at step 0: forward passes, no gradients, untimed
+    import torch
+    from mha.experiments.config import ShakespeareRun
+    from mha.experiments.model import TinyTransformer
+    config = ShakespeareRun.from_dict(parameters)
+    task = config.make_task()
+    model = TinyTransformer(config.model_config(task)).eval()
+    with torch.no_grad():
+        for split in ("train", "val"):
+            for _ in range(20):
+                model(*task.get_batch(split, config.train.batch_size, torch.device("cpu")))
+metrics = run_study("shakespeare", parameters)
 print(json.dumps({key: metrics[key] for key in ("tokens_per_s", "train_wall_s", "val_loss", "steps_done")}))
 """
 
@@ -59,14 +81,15 @@ def _run(command: list, env: dict) -> subprocess.CompletedProcess:
     return done
 
 
-def run_ours(seed: int, iters: int, env: dict) -> dict:
-    done = _run([sys.executable, "-c", OURS, json.dumps(ours_parameters(seed, iters))], env)
+def run_ours(seed: int, iters: int, env: dict, warm_start: bool = False) -> dict:
+    parameters = {**ours_parameters(seed, iters), **({"warm_start": True} if warm_start else {})}
+    done = _run([sys.executable, "-c", OURS, json.dumps(parameters)], env)
     metrics = json.loads(done.stdout.strip().splitlines()[-1])
     return dict(program="this book", seed=seed, tokens_per_s=metrics["tokens_per_s"], val_loss=metrics["val_loss"],
                 steps=metrics["steps_done"])
 
 
-def run_reference(seed: int, iters: int, env: dict) -> dict:
+def run_reference(seed: int, iters: int, env: dict, warm_start: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "reference.json"
         _run([sys.executable, str(REFERENCE), "--seeds", str(seed), "--max-iters", str(iters), "--out", str(out)], env)
@@ -80,6 +103,9 @@ def main(argv=None) -> Path:
     parser.add_argument("--pairs", type=int, default=8, help="pairs of runs (default 8)")
     parser.add_argument("--iters", type=int, default=500, help="training iterations per run (default 500)")
     parser.add_argument("--out", default=str(HERE / "abba" / "results.json"), help="the JSON file to write")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="this book's program first runs the forward passes of the reference's evaluation at "
+                             "step 0 (untimed), so that neither program's first timed step is cold")
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.iters < 1:
         parser.error(f"--pairs and --iters must be at least 1, got {args.pairs} and {args.iters}")
@@ -93,12 +119,12 @@ def main(argv=None) -> Path:
     for pair in range(args.pairs):
         order = (run_ours, run_reference) if pair % 2 == 0 else (run_reference, run_ours)  # A B, then B A
         for runner in order:
-            row = runner(pair, args.iters, env)
+            row = runner(pair, args.iters, env, warm_start=args.warm_start)
             row.update(pair=pair, cpu_model=cpu_model(), cpu_id=cpu_id(), load_average_1min=os.getloadavg()[0], threads=2)
             runs.append(row)
             print(f"pair {pair}: {row['program']}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)
             out.write_text(json.dumps(dict(description=__doc__.split("\n\n")[0], iters=args.iters,
-                                           pairs=args.pairs, runs=runs), indent=1) + "\n")
+                                           pairs=args.pairs, warm_start=args.warm_start, runs=runs), indent=1) + "\n")
     print(f"wrote {out}")
     return out
 
