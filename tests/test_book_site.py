@@ -778,7 +778,8 @@ def test_each_edition_has_its_own_search_index_with_its_own_words(build):
 
 # ------------------------------------------------------------------------------------------------ PDF editions
 PDF_PAGE = "book/part1/intuition"  # a chapter with a diagram, figures, numbered equations, glue and hidden code
-PDF_TOOLS = ("xelatex", "latexmk", "pdftotext", "pdfimages")
+PDF_TOOLS = ("xelatex", "latexmk", "pdftotext", "pdfimages", "pdfinfo")
+PDF_WIDE_PAGE = "book/appendix/benchmarks"  # wide tables on landscape pages, each after a bold title (English build)
 
 
 def _pdf_text(pdf: Path) -> str:
@@ -795,7 +796,9 @@ def test_pdf_editions_of_one_chapter_read_back(build, tmp_path):
     """Issue 28 item 5: tools/pdf.py (`make pdf`) makes the English and the Chinese PDF, here of the introduction and
     one chapter, and their text reads back: the chapter's title in each language (from its source and from its
     catalog), its glued numbers in both, its diagram's first label in each language, its numbered equations, its
-    figures as images, and none of its hidden code (a `hide-input` cell's first line)."""
+    figures as images, and none of its hidden code (a `hide-input` cell's first line). The English build also takes
+    the benchmarks appendix, whose wide tables go on landscape pages with the heading or bold title before them (a
+    full `make pdf` once stopped on landscape environments that did not nest)."""
     missing = [tool for tool in PDF_TOOLS if shutil.which(tool) is None]
     if missing:
         message = (f"{', '.join(missing)} not installed (Debian: texlive-xetex texlive-latex-extra texlive-lang-chinese "
@@ -828,7 +831,7 @@ def test_pdf_editions_of_one_chapter_read_back(build, tmp_path):
 
     for language, expected_title, expected_label in (("en", title, label.split("<br/>")[0]),
                                                     ("zh", catalog[title], chinese_labels[label].split("<br/>")[0])):
-        path = pdf.build(language, tmp_path, pages=[PDF_PAGE])
+        path = pdf.build(language, tmp_path, pages=[PDF_PAGE] + ([PDF_WIDE_PAGE] if language == "en" else []))
         assert path == tmp_path / pdf.NAMES[language] and path.stat().st_size > 0
         text = _pdf_text(path)
         flat = _squeezed(text)
@@ -842,4 +845,16 @@ def test_pdf_editions_of_one_chapter_read_back(build, tmp_path):
         assert len(images.stdout.splitlines()) > 2, f"{path}: no figure (pdfimages lists no image)"
         for value in numbers:
             assert re.search(rf"(?<![\d.]){re.escape(value)}(?![\d.])", text), f"{path}: glued {value} is missing"
+        if language == "en":  # the wide tables: landscape pages (their LaTeX environments nest, or nothing is built),
+            # and the bold title printed right before such a table is on its landscape page, not left behind
+            info = subprocess.run(["pdfinfo", "-f", "1", "-l", "9999", str(path)], capture_output=True, text=True,
+                                  check=True).stdout
+            turned = [int(m.group(1)) for m in re.finditer(r"Page\s+(\d+)\s+rot:\s+90", info)]
+            assert turned, f"{path}: {PDF_WIDE_PAGE}'s wide tables are not on landscape pages"
+            lines = {line.strip() for page in turned for line in subprocess.run(
+                ["pdftotext", "-enc", "UTF-8", "-f", str(page), "-l", str(page), str(path), "-"],
+                capture_output=True, text=True, check=True).stdout.splitlines()}
+            assert "Runs" in lines, f"{path}: the bold title 'Runs' is not on its table's landscape page"
+            assert any(line.endswith("The runs on file") for line in lines), (
+                f"{path}: the heading 'The runs on file' is not on its table's landscape page")
     assert catalog[title] != title, f"the catalog of {PDF_PAGE} does not translate its title"
