@@ -33,6 +33,7 @@ is resolved when that test rejects at 5%. Run it alone:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -89,7 +90,7 @@ def run_ours(seed: int, iters: int, env: dict, warm_start: bool = False) -> dict
                 steps=metrics["steps_done"])
 
 
-def run_reference(seed: int, iters: int, env: dict, warm_start: bool = False) -> dict:
+def run_reference(seed: int, iters: int, env: dict) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "reference.json"
         _run([sys.executable, str(REFERENCE), "--seeds", str(seed), "--max-iters", str(iters), "--out", str(out)], env)
@@ -117,9 +118,10 @@ def main(argv=None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = []
     for pair in range(args.pairs):
-        order = (run_ours, run_reference) if pair % 2 == 0 else (run_reference, run_ours)  # A B, then B A
+        ours = functools.partial(run_ours, warm_start=args.warm_start)
+        order = (ours, run_reference) if pair % 2 == 0 else (run_reference, ours)  # A B, then B A
         for runner in order:
-            row = runner(pair, args.iters, env, warm_start=args.warm_start)
+            row = runner(pair, args.iters, env)
             row.update(pair=pair, cpu_model=cpu_model(), cpu_id=cpu_id(), load_average_1min=os.getloadavg()[0], threads=2)
             runs.append(row)
             print(f"pair {pair}: {row['program']}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)

@@ -406,15 +406,13 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
             raise TypeError(f"anchors must be a tuple or list of positions, got {type(anchors).__name__}")
         anchors = tuple(check_int("anchors", j, minimum=1, maximum=min_position - 1) for j in anchors)
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    anchor_first = torch.zeros(len(anchors), n_layers, n_heads, dtype=torch.float64)
-    anchor_matched = torch.zeros(len(anchors), n_layers, n_heads, dtype=torch.float64)
+    keys = (0, *anchors)  # position 0, then the anchors: the within-row log-odds of each, and their matched twins
+    logodds_first = torch.zeros(len(keys), n_layers, n_heads, dtype=torch.float64)
+    logodds_matched = torch.zeros(len(keys), n_layers, n_heads, dtype=torch.float64)
     first = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     sink = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     first_matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     matched = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    first_logodds = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    matched_logodds = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    logodds_defined = True
     distances = range(min_position, length - 1)  # p = L - 1: no later query sees a token at that distance
     rows = 0
     was_training = model.training
@@ -423,29 +421,23 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
         for x in xs:
             _, _, weights = model(x, need_weights=True)  # n_layers x (N, h, L, L)
             for layer, w in enumerate(weights):
-                far = w[:, :, min_position:, :].double()  # (N, h, L - min_position, L)
+                wd = w.double()  # (N, h, L, L)
+                far = wd[:, :, min_position:, :]  # (N, h, L - min_position, L)
                 first[layer] += far[..., 0].sum(dim=(0, 2)).cpu()  # (h,)
                 sink[layer] += (1.0 - far.sum(dim=-1)).sum(dim=(0, 2)).cpu()  # (h,): p_sink = 1 - row sum
                 for p in distances:
-                    diagonal = torch.diagonal(w.double(), offset=-p, dim1=-2, dim2=-1)  # (N, h, L - p): w[p+i, i]
+                    diagonal = torch.diagonal(wd, offset=-p, dim1=-2, dim2=-1)  # (N, h, L - p): w[p+i, i]
                     first_matched[layer] += diagonal[..., 0].sum(dim=0).cpu()  # (h,): w[p, 0]
                     matched[layer] += diagonal[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): mean of w[q, q-p]
-                    # one key nearer: (N, h, L - p + 1), w[p-1+i, i]; so w[p, 1] is entry 1, w[q, q-p+1] entries 2..
-                    nearer = torch.diagonal(w.double(), offset=-(p - 1), dim1=-2, dim2=-1)[..., 1:]  # (N, h, L - p)
-                    if logodds_defined and bool((diagonal == 0).any() or (nearer == 0).any()):
-                        logodds_defined = False  # a key outside a window: no log-odds
-                    if logodds_defined:
-                        log_ratio = diagonal.log() - nearer.log()  # (N, h, L - p): log w[q, q-p] / w[q, q-p+1]
-                        first_logodds[layer] += log_ratio[..., 0].sum(dim=0).cpu()  # (h,): q = p, position 0
-                        matched_logodds[layer] += log_ratio[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): q > p
-                        for k, j in enumerate(anchors):  # the placebo: anchor j in position 0's role, query p
-                            d = p - j  # the anchor's distance from query p
-                            at = torch.diagonal(w.double(), offset=-d, dim1=-2, dim2=-1)  # (N, h, L - d): w[d+i, i]
-                            near = torch.diagonal(w.double(), offset=-(d - 1), dim1=-2, dim2=-1)  # w[d-1+i, i]
-                            # entry j of `at` is w[p, j], entry j + 1 of `near` is w[p, j+1]; later ones: q > p
-                            ratio = at[..., j:].log() - near[..., j + 1:].log()  # (N, h, L - p)
-                            anchor_first[k, layer] += ratio[..., 0].sum(dim=0).cpu()  # (h,): q = p, key j
-                            anchor_matched[k, layer] += ratio[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): q > p
+                    # key j against key j + 1 from query p (j = 0: position 0 itself; j > 0: the placebo's anchors),
+                    # beside the same contrast at distances p - j and p - j - 1 from the later queries q > p
+                    for k, j in enumerate(keys):
+                        at = diagonal if j == 0 else torch.diagonal(wd, offset=-(p - j), dim1=-2, dim2=-1)
+                        near = torch.diagonal(wd, offset=-(p - j - 1), dim1=-2, dim2=-1)  # one key nearer
+                        # entry j of `at` is w[p, j], entry j + 1 of `near` is w[p, j+1]; later ones: q > p
+                        ratio = at[..., j:].log() - near[..., j + 1:].log()  # (N, h, L - p); -inf where a weight is 0
+                        logodds_first[k, layer] += ratio[..., 0].sum(dim=0).cpu()  # (h,): q = p, key j
+                        logodds_matched[k, layer] += ratio[..., 1:].mean(dim=-1).sum(dim=0).cpu()  # (h,): q > p
             rows += x.shape[0] * (length - min_position)
     finally:
         model.train(was_training)
@@ -453,20 +445,20 @@ def first_token_attention(model: TinyTransformer, batches, min_position: int | N
     logits = [block.attn.sinks.detach().double().cpu().tolist() for block in model.blocks] if has_sinks else None
     positions = torch.arange(min_position, length, dtype=torch.float64)
     rows_matched = sum(x.shape[0] for x in xs) * len(distances)  # one w[p, 0] per sequence and probed distance
-    # a weight of 0 (underflow) at an anchor's keys makes a log-odds infinite: no placebo then, as no log-odds above
-    anchors_defined = bool(rows_matched and logodds_defined and torch.isfinite(anchor_first).all()
-                           and torch.isfinite(anchor_matched).all())
+    # a weight of 0 (a key outside a window, or underflow) makes a log-odds infinite: none then
+    finite = [bool(torch.isfinite(logodds_first[k]).all() and torch.isfinite(logodds_matched[k]).all())
+              for k in range(len(keys))]
+    logodds_defined = bool(rows_matched) and finite[0]
+    anchors_defined = logodds_defined and all(finite[1:])
     return dict(first_token=(first / rows).tolist(), sink=(sink / rows).tolist() if has_sinks else None,
                 sink_logits=logits, uniform=float((1.0 / (positions + 1)).mean()),
                 first_token_matched=(first_matched / rows_matched).tolist() if rows_matched else None,
                 matched=(matched / rows_matched).tolist() if rows_matched else None,
-                first_token_logodds=(first_logodds / rows_matched).tolist() if rows_matched and logodds_defined
-                else None,
-                matched_logodds=(matched_logodds / rows_matched).tolist() if rows_matched and logodds_defined
-                else None,
+                first_token_logodds=(logodds_first[0] / rows_matched).tolist() if logodds_defined else None,
+                matched_logodds=(logodds_matched[0] / rows_matched).tolist() if logodds_defined else None,
                 anchors=list(anchors),
-                anchor_logodds=(anchor_first / rows_matched).tolist() if anchors_defined else None,
-                anchor_matched_logodds=(anchor_matched / rows_matched).tolist() if anchors_defined else None,
+                anchor_logodds=(logodds_first[1:] / rows_matched).tolist() if anchors_defined else None,
+                anchor_matched_logodds=(logodds_matched[1:] / rows_matched).tolist() if anchors_defined else None,
                 min_position=min_position, length=length, queries=rows)
 
 
