@@ -207,6 +207,25 @@ def _repeat_loss(logits, y):
     return F.cross_entropy(logits[:, PERIOD:].transpose(1, 2), y[:, PERIOD:]).item()
 
 
+def _correct_token_by_hand(logits, y):
+    """(mean probability of the correct token, count ranked first, positions) on the first copy and on the repeat,
+    in float64 NumPy: softmax written out, ranks by sorting."""
+    z = logits.double().numpy()
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    probs = z / z.sum(axis=-1, keepdims=True)
+    target = y.numpy()
+    p = np.take_along_axis(probs, target[..., None], axis=-1)[..., 0]  # (N, L)
+    first = np.argsort(-probs, axis=-1, kind="stable")[..., 0] == target  # (N, L)
+    return {part: (p[:, cols].mean(), int(first[:, cols].sum()), first[:, cols].size)
+            for part, cols in (("first", slice(None, PERIOD)), ("repeat", slice(PERIOD, None)))}
+
+
+def _check_correct_token(entry, logits, y):
+    for part, (p, count, n) in _correct_token_by_hand(logits, y).items():
+        assert entry[f"p_correct_{part}"] == pytest.approx(p, rel=1e-5), (entry["ablated"], part)
+        assert (entry[f"correct_{part}"], entry[f"n_{part}"]) == (count, n), (entry["ablated"], part)
+
+
 @torch.no_grad()
 def test_mean_ablation_against_a_forward_pass_written_out():
     model, x, y = _model_and_probe()
@@ -224,6 +243,7 @@ def test_mean_ablation_against_a_forward_pass_written_out():
     ablations = head_ablations(model, x, y, PERIOD, head_sets={"pair": [(0, 1), (1, 0)]})
     by_name = {a["ablated"]: a for a in ablations}
     assert by_name["none"]["loss_repeat"] == pytest.approx(_repeat_loss(logits, y), rel=1e-5)
+    _check_correct_token(by_name["none"], logits, y)
     cases = {"L0H1": [(0, 1)], "L1H0": [(1, 0)], "L1": [(1, 0), (1, 1)], "pair": [(0, 1), (1, 0)]}
     for name, heads in cases.items():
         mean_logits, _ = _forward_by_hand(model, x, {head: means[head] for head in heads})
@@ -233,6 +253,8 @@ def test_mean_ablation_against_a_forward_pass_written_out():
         assert mean_entry["heads"] == zero_entry["heads"] == [list(h) for h in heads]
         assert mean_entry["loss_repeat"] == pytest.approx(_repeat_loss(mean_logits, y), rel=1e-5)
         assert zero_entry["loss_repeat"] == pytest.approx(_repeat_loss(zero_logits, y), rel=1e-5)
+        _check_correct_token(mean_entry, mean_logits, y)
+        _check_correct_token(zero_entry, zero_logits, y)
         # the two ablations differ measurably here (else the comparison above could not tell them apart)
         assert abs(mean_entry["loss_repeat"] - zero_entry["loss_repeat"]) > 1e-3
 

@@ -298,8 +298,11 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
     the zero entries keep their names, unique across the list.
 
     Each entry: ``ablated`` (its name), ``ablation`` ("zero" or "mean"; the "none" entry is "zero" of no head),
-    ``heads`` ([layer, head] pairs), ``loss_first``, ``loss_repeat`` and every layer's induction scores under that
-    ablation.
+    ``heads`` ([layer, head] pairs), ``loss_first``, ``loss_repeat``, the mean probability of the correct next token
+    (``p_correct_first``, ``p_correct_repeat``), how many predictions rank it first out of how many
+    (``correct_first`` of ``n_first``, ``correct_repeat`` of ``n_repeat``), and every layer's induction scores under
+    that ablation. The probability and the counts show copying that a mean loss can hide: a model can copy at some
+    repeat positions and be confidently wrong at others.
     """
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     device = probe_x.device
@@ -319,8 +322,14 @@ def head_ablations(model: TinyTransformer, probe_x: torch.Tensor, probe_y: torch
 
     def entry(name, ablation, heads, logits, weights):
         losses = F.cross_entropy(logits.transpose(1, 2), probe_y, reduction="none")  # (N, L)
+        p_correct = logits.softmax(dim=-1).gather(-1, probe_y.unsqueeze(-1)).squeeze(-1)  # (N, L)
+        correct = logits.argmax(dim=-1) == probe_y  # (N, L): the correct token ranked first
         return dict(ablated=name, ablation=ablation, heads=[list(pair) for pair in heads],
                     loss_first=losses[:, ~on_repeat].mean().item(), loss_repeat=losses[:, on_repeat].mean().item(),
+                    p_correct_first=p_correct[:, ~on_repeat].mean().item(),
+                    p_correct_repeat=p_correct[:, on_repeat].mean().item(),
+                    correct_first=int(correct[:, ~on_repeat].sum()), n_first=int(correct[:, ~on_repeat].numel()),
+                    correct_repeat=int(correct[:, on_repeat].sum()), n_repeat=int(correct[:, on_repeat].numel()),
                     induction=[induction_score(w, period).tolist() for w in weights])
 
     ablations = []
