@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mha.experiments.config import DynamicsRun
 from mha.experiments.machine import seed_everything
 from mha.experiments.model import ModernTransformerConfig, TinyTransformer, TransformerConfig
-from mha.experiments.probes import DynamicsProbe, head_ablations, head_means, head_outputs
+from mha.experiments.probes import DynamicsProbe, attention_probe, head_ablations, head_means, head_outputs
 from mha.experiments.studies import run_dynamics
 from mha.experiments.tasks import RepeatedSequence
 from mha.experiments.train import configure_optimizer, get_lr, train
@@ -174,10 +174,12 @@ def _model_and_probe(seed: int = 0):
     return model, x, y
 
 
-def _forward_by_hand(model: TinyTransformer, x: torch.Tensor, substitute: dict | None = None):
+def _forward_by_hand(model: TinyTransformer, x: torch.Tensor, substitute: dict | None = None,
+                     trace: list | None = None):
     """The model's forward pass written out (pre-LayerNorm blocks, causal softmax attention, tied head), each head's
     output (before o_proj) replaced by ``substitute[(layer, head)]`` (a (head_dim,) vector) where given. Returns the
-    logits and every layer's head outputs as computed (before any substitution), (N, L, h, head_dim)."""
+    logits and every layer's head outputs as computed (before any substitution), (N, L, h, head_dim). With ``trace``
+    (a list), appends each layer's (q, k, scores, weights): (N, L, h, hd) twice, then (N, h, L, L) twice."""
     substitute = substitute or {}
     n, length = x.shape
     d = model.config.d_model
@@ -193,6 +195,8 @@ def _forward_by_hand(model: TinyTransformer, x: torch.Tensor, substitute: dict |
         scores = torch.einsum("nqhe,nkhe->nhqk", q, k) / math.sqrt(hd)
         weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)  # (N, h, L, L)
         heads = torch.einsum("nhqk,nkhe->nqhe", weights, v)  # (N, L, h, hd)
+        if trace is not None:
+            trace.append((q, k, scores, weights))
         outputs.append(heads.clone())
         for (layer, head), vector in substitute.items():
             if layer == i:
@@ -257,6 +261,38 @@ def test_mean_ablation_against_a_forward_pass_written_out():
         _check_correct_token(zero_entry, zero_logits, y)
         # the two ablations differ measurably here (else the comparison above could not tell them apart)
         assert abs(mean_entry["loss_repeat"] - zero_entry["loss_repeat"]) > 1e-3
+
+
+@torch.no_grad()
+def test_attention_probe_score_parts_against_a_forward_pass_written_out():
+    """Norms, cosines and the attended score per head, computed here in float64 NumPy from the written-out pass's
+    queries and keys, one query row and one key at a time."""
+    model, x, _ = _model_and_probe()
+    trace = []
+    _forward_by_hand(model, x, trace=trace)
+    layers = attention_probe(model, x)
+    length = x.shape[1]
+    for layer, (q, k, scores, weights) in zip(layers, trace):
+        q, k, scores, weights = (t.double().numpy() for t in (q, k, scores, weights))
+        n_heads = q.shape[2]
+        for head in range(n_heads):
+            qh, kh = q[:, :, head], k[:, :, head]  # (N, L, hd)
+            assert layer["q_norm"][head] == pytest.approx(np.sqrt((qh ** 2).sum(-1)).mean(), rel=1e-5)
+            assert layer["k_norm"][head] == pytest.approx(np.sqrt((kh ** 2).sum(-1)).mean(), rel=1e-5)
+            attended, unweighted, score = [], [], []
+            for n in range(len(x)):
+                for t in range(1, length):
+                    cosines = [qh[n, t] @ kh[n, j] / np.linalg.norm(qh[n, t]) / np.linalg.norm(kh[n, j])
+                               for j in range(t + 1)]
+                    a = weights[n, head, t, :t + 1]
+                    attended.append(a @ np.array(cosines))
+                    unweighted.append(np.mean(cosines))
+                    score.append(a @ scores[n, head, t, :t + 1])
+            assert layer["cos_attended"][head] == pytest.approx(np.mean(attended), rel=1e-4, abs=1e-6)
+            assert layer["cos_mean"][head] == pytest.approx(np.mean(unweighted), rel=1e-4, abs=1e-6)
+            assert layer["score_attended"][head] == pytest.approx(np.mean(score), rel=1e-4, abs=1e-6)
+        # attention selects: here the weighted cosine differs from the unweighted one (else the test could not tell)
+        assert max(abs(a - b) for a, b in zip(layer["cos_attended"], layer["cos_mean"])) > 1e-2
 
 
 @torch.no_grad()

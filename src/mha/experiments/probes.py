@@ -113,6 +113,12 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
     variance part I predicts from the measured component variances, scale^2 * head_dim * Var(q_i) * Var(k_i)
     (book: part I, "Why divide by sqrt(d_k)"). Entropy: the mean over rows t >= 1 of H(row) / ln(t + 1) (1 is
     uniform, 0 one-hot). The scores are recomputed from the layer's input and must reproduce the model's weights.
+
+    Per head (lists of h values), what a score is made of, s_tj = scale * |q_t| |k_j| cos(q_t, k_j):
+    ``q_norm`` and ``k_norm``, the mean length of the queries and of the keys; ``cos_attended``, the attention-
+    weighted cosine sum_j a_tj cos(q_t, k_j) (how well a query points at the keys it attends to), and ``cos_mean``,
+    the unweighted mean cosine over the keys it may attend to (the same queries and keys, no selection), each
+    averaged over rows t >= 1; and ``score_attended``, the attention-weighted score sum_j a_tj s_tj over the same rows.
     """
     was_training = model.training
     model.eval()
@@ -124,10 +130,19 @@ def attention_probe(model: TinyTransformer, x: torch.Tensor, probe_x: torch.Tens
         q_var, k_var = q.var().item(), k.var().item()
         plogp = torch.where(w > 0, w * torch.log(w.clamp_min(1e-30)), 0.0)  # (N, h, L, L)
         entropy = -plogp.sum(dim=-1)[:, :, 1:] / torch.log(torch.arange(2, length + 1, device=x.device))  # (N,h,L-1)
+        cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)  # (N, h, L, L)
+        n_allowed = causal.sum(dim=-1)[1:]  # (L - 1,): keys a query t >= 1 may attend to
+        cos_mean = cos.masked_fill(~causal, 0.0).sum(dim=-1)[:, :, 1:] / n_allowed  # (N, h, L - 1)
         layers.append(dict(score_std=allowed.std().item(), score_absmax=allowed.abs().max().item(),
                            score_var_pred=attn.scale ** 2 * attn.head_dim * q_var * k_var, q_var=q_var,
                            k_var=k_var, entropy=entropy.mean().item(),
-                           max_weight=w[:, :, 1:, :].max(dim=-1).values.mean().item()))
+                           max_weight=w[:, :, 1:, :].max(dim=-1).values.mean().item(),
+                           q_norm=q.norm(dim=-1).mean(dim=(0, 2)).tolist(),  # (h,)
+                           k_norm=k.norm(dim=-1).mean(dim=(0, 2)).tolist(),  # (h,)
+                           cos_attended=(w * cos).sum(dim=-1)[:, :, 1:].mean(dim=(0, 2)).tolist(),  # (h,)
+                           cos_mean=cos_mean.mean(dim=(0, 2)).tolist(),  # (h,)
+                           score_attended=(w * scores.masked_fill(~causal, 0.0)).sum(dim=-1)[:, :, 1:]
+                           .mean(dim=(0, 2)).tolist()))  # (h,)
     if probe_x is not None:
         _, _, probe_weights = model(probe_x, need_weights=True)
         for layer, w in zip(layers, probe_weights):
