@@ -463,11 +463,9 @@ def _parts(app: Sphinx, doctree) -> None:
         caption = toc.get("caption")
         if not caption:
             continue
-        # the appendices: lettered, and so are their equations, figures and tables (Sphinx numbers those by the
-        # chapter's arabic number, so appendix A's first equation was (1.1), as chapter 1's is)
-        latex = (r"\appendix" + "".join(rf"\renewcommand{{\the{c}}}{{\thechapter.\arabic{{{c}}}}}"
-                                        for c in ("equation", "figure", "table"))
-                 if any(doc.startswith("book/appendix/") for _, doc in toc["entries"]) else "")
+        # the appendices: lettered (their equations, figures and tables keep the book-wide numbers the HTML shows:
+        # numfig_secnum_depth 0)
+        latex = (r"\appendix" if any(doc.startswith("book/appendix/") for _, doc in toc["entries"]) else "")
         title = escape(caption)
         # the contents line is written on the part's own page (written after \part*, it named the next page)
         latex += r"\cleardoublepage\phantomsection\addcontentsline{toc}{part}{" + title + r"}\part*{" + title + "}"
