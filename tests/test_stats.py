@@ -593,3 +593,26 @@ def test_sign_flip_p_range_checks_its_arguments():
         stats.sign_flip_p_range([0.1, 0.2], "0.1")
     with pytest.raises(ValueError, match="the exact test takes 2 to"):
         stats.sign_flip_p_range(np.ones(stats.EXACT_MAX_PAIRS + 1), 0.0)
+
+
+def test_median_interval_order_statistics_and_coverage():
+    """The ranks and coverage against the binomial sums written out with math.comb, and the coverage against a
+    simulation: intervals from 11 exponential draws cover the true median (ln 2) about 98.8% of the time."""
+    def coverage(n, k):  # P(x_(k) <= median <= x_(n-k+1)) = 1 - 2 P(fewer than k draws below the median)
+        return 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2 ** n
+
+    values = [5.0, 1.0, 4.0, 9.0, 2.0, 8.0, 3.0, 7.0, 6.0, 11.0, 10.0]
+    result = stats.median_interval(values)
+    assert (result["k"], result["n"]) == (2, 11) and (result["low"], result["high"]) == (2.0, 10.0)
+    assert result["coverage"] == pytest.approx(coverage(11, 2)) and coverage(11, 3) < 0.95 <= coverage(11, 2)
+    for n in range(6, 40):  # the largest k whose coverage reaches 95%
+        k = stats.median_interval(np.arange(float(n)))["k"]
+        assert coverage(n, k) >= 0.95 and (k + 1 > n // 2 or coverage(n, k + 1) < 0.95), n
+    rng = np.random.default_rng(0)
+    draws = rng.exponential(size=(20_000, 11))
+    covered = np.mean([(lambda r: r["low"] <= math.log(2) <= r["high"])(stats.median_interval(row)) for row in draws])
+    assert abs(covered - coverage(11, 2)) < 0.004
+    with pytest.raises(ValueError, match="at least 6 numbers"):
+        stats.median_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    with pytest.raises(ValueError):
+        stats.median_interval([1.0, float("nan"), 2.0, 3.0, 4.0, 5.0])

@@ -59,7 +59,7 @@ __all__ = ["wilson_interval", "paired_difference", "EXACT_MAX_PAIRS", "unpaired_
            "OUTCOMES", "outcome_of", "outcome_table", "paired_table",
            "mean_interval", "paired_interval", "verdict", "flip_distance", "separated_pairs", "ORDER_MEASURES",
            "outcome_orderings", "left_chance", "rank_correlation", "against_range", "best_rate_comparison",
-           "best_rate_paired",
+           "best_rate_paired", "median_interval",
            "newcombe_interval", "sign_flip_p_range", "max_t_adjusted", "holm_adjusted", "holm_verdict"]
 
 OUTCOMES = ("solved", "partial", "chance")
@@ -704,3 +704,24 @@ def holm_adjusted(p_values):
     adjusted = np.empty(k)
     adjusted[order] = np.maximum.accumulate(scaled)
     return dict(zip(keys, adjusted.tolist())) if keys is not None else adjusted
+
+
+def median_interval(values, confidence: float = 0.95) -> dict:
+    """A distribution-free interval for the median of ``values`` (independent draws of a continuous quantity): the
+    order statistics x_(k) and x_(n-k+1) with the largest k such that the interval covers the median with probability
+    at least ``confidence``; the number of values below the median is Binomial(n, 1/2), so the coverage is
+    1 - 2 P(B <= k - 1) (e.g. the 2nd and 10th of 11 values: 98.8%). Returns ``dict(low, high, k, coverage, n)``.
+    Book: appendix "Benchmarks" (the median of paired timing ratios)."""
+    from scipy.stats import binom
+
+    x = np.sort(_values(_numbers(values, "values")))  # TypeError for a non-sequence, ValueError for non-finite values
+    n = x.size
+    _alpha(confidence)
+    k = 0
+    while k + 1 <= n // 2 and 2 * binom.cdf(k, n, 0.5) <= 1 - confidence:
+        k += 1
+    if k == 0:
+        smallest = next(m for m in itertools.count(1) if 2 * 0.5 ** m <= 1 - confidence)
+        raise ValueError(f"values must hold at least {smallest} numbers for a {confidence:.0%} interval of the median, "
+                         f"got {n}")
+    return dict(low=float(x[k - 1]), high=float(x[n - k]), k=k, coverage=float(1 - 2 * binom.cdf(k - 1, n, 0.5)), n=n)
