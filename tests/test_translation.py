@@ -31,6 +31,20 @@ def test_translation_lint_catches_a_dropped_formula_and_a_changed_target():
                for p in i18n.preserved(formatted, "中位数为 {glue:text}`page.md::median:.3f`。"))
 
 
+def test_translation_lint_catches_a_glue_role_that_reads_another_page():
+    """A translated role must read its value from the page the English role reads (found once: a claims row's role
+    pointed at claims.md for a key glued on the head-count chapter, which the key-only check let through)."""
+    page = "book/appendix/claims"
+    english = "One head is {glue:text}`../part3/head_count.md::hc_conv_worse:s` four; room {glue:text}`room:.2f`."
+    good = "一个头与四个头相比{glue:text}`../part3/head_count.md::hc_conv_worse:s`；余量 {glue:text}`claims.md::room:.2f`。"
+    assert i18n.preserved(english, good, page) == []
+    wrong_page = good.replace("../part3/head_count.md::hc_conv_worse", "claims.md::hc_conv_worse")
+    assert i18n.preserved(english, wrong_page) == []  # keys alone cannot see it
+    assert any(p.startswith("glue pages differ") for p in i18n.preserved(english, wrong_page, page))
+    elsewhere = good.replace("claims.md::room", "../part3/head_count.md::room")
+    assert any(p.startswith("glue pages differ") for p in i18n.preserved(english, elsewhere, page))
+
+
 def test_glue_roles_are_localised_for_a_translated_paragraph():
     text = "共 {glue:text}`n_heads` 个头，误差 {glue:text}`err:.1e`，已写 {glue:text}`other.md::x:d`"
     assert i18n.localise_glue(text, "book/part1/multi_head") == (

@@ -556,18 +556,31 @@ def _role_keys(text: str) -> list[str]:
 NOTE_GLOSS = re.compile(r'(?<=[\u3000-\u9fff\uff00-\uffef])(?P<between>[^"]*?)\s+—\s+"[^"]*"')
 
 
-def preserved(english: str, translation: str) -> list[str]:
-    """What a translation changed that it must keep: math, code spans, role keys and targets, link targets. Where
+def preserved(english: str, translation: str, page: str | None = None) -> list[str]:
+    """What a translation changed that it must keep: math, code spans, role keys and targets, link targets; with
+    ``page`` (the message's page, e.g. "book/appendix/claims"), also the page each glue role reads from (the English
+    role's own page or the page its path names; the translation's always names one, relative to ``page``). Where
     the English quotes a Chinese note and renders it in English (NOTE_GLOSS), the translation may drop the
     rendering."""
-    differences = _preserved(english, translation)
+    differences = _preserved(english, translation, page)
     if differences and NOTE_GLOSS.search(english) and not _preserved(NOTE_GLOSS.sub(r"\g<between>", english),
-                                                                     translation):
+                                                                     translation, page):
         return []  # the translation keeps everything but the rendering
     return differences
 
 
-def _preserved(english: str, translation: str) -> list[str]:
+def _glue_pages(text: str, page: str) -> list[tuple[str, str]]:
+    """(key, page it is glued on) of every glue role of ``text`` on ``page``: a role without a path reads its own
+    page; a path is relative to the page's folder."""
+    found = []
+    for m in GLUE_ROLE.finditer(MATH.sub("", text)):
+        path = m["path"][:-2] if m["path"] else None  # "../part3/x.md::" -> "../part3/x.md"
+        target = page if not path else posixpath.normpath(posixpath.join(posixpath.dirname(page), path))
+        found.append((m["key"], target.removesuffix(".md")))
+    return sorted(found)
+
+
+def _preserved(english: str, translation: str, page: str | None = None) -> list[str]:
     differences = []
     double = [sorted(DOUBLE_CODE.findall(t)) for t in (english, translation)]
     english, translation = (DOUBLE_CODE.sub("", t) for t in (english, translation))
@@ -584,6 +597,8 @@ def _preserved(english: str, translation: str) -> list[str]:
         "links": [sorted(LINK_TARGET.findall(t)) for t in (english, translation)],
         "footnotes": [sorted(FOOTNOTE.findall(t)) for t in (english, translation)],
     }
+    if page is not None:
+        checks["glue pages"] = [_glue_pages(t, page) for t in (english, translation)]
     for what, (want, got) in checks.items():
         if want != got:
             missing = [x for x in want if x not in got]
@@ -604,7 +619,8 @@ def lint(paths=None) -> list[str]:
             catalog = read_po(f)
         for message in catalog:
             if message.id and message.string:
-                for difference in preserved(message.id, message.string):
+                page = path.resolve().relative_to(CATALOGS.resolve()).with_suffix("").as_posix()
+                for difference in preserved(message.id, message.string, page):
                     found.append(f"{path}: {message.id[:80]!r}: {difference}")
     return found
 
